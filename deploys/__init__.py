@@ -1,0 +1,1 @@
+"""inference-nodes deploys: one ``@deploy`` per component, composed by ``deploys/all.py``."""

@@ -1,0 +1,132 @@
+"""Host tuning: memlock/nofile/stack limits, the UCX/NCCL env file, and the /dev/shm size check.
+
+Limits are set twice because they reach processes two ways: pam_limits (limits.d) for login sessions,
+and systemd's manager defaults for services (the inference unit also sets its own in the service issue).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import deploy, operation
+from pyinfra.api.exceptions import OperationError
+from pyinfra.operations import files, server
+
+from deploys.inventory import node_config
+from deploys.schema import HostTuningKeys, NodeConfig, defaults_of
+from facts.host import MountSizeBytes
+
+DEFAULTS = defaults_of(HostTuningKeys)  # keys, defaults and meanings: README "Inventory keys"
+
+LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
+SYSTEMD_DEFAULTS_FILE = "/etc/systemd/system.conf.d/90-inference-nodes.conf"
+HEADER = "# Managed by inference-nodes (deploys/host_tuning.py); local edits are overwritten.\n"
+
+
+def render_limits(cfg: NodeConfig) -> str:
+    """limits.d lines for every user and for root (pam_limits' `*` does not match root)."""
+    memlock = "unlimited" if cfg.limits_memlock == "unlimited" else str(int(cfg.limits_memlock) // 1024)
+    values = {"memlock": memlock, "nofile": str(cfg.limits_nofile), "stack": str(cfg.limits_stack // 1024)}
+    lines = [HEADER, "# memlock and stack are in KiB here (systemd uses bytes).\n"]
+    for domain in ("*", "root"):
+        for item, value in values.items():
+            for kind in ("soft", "hard"):
+                lines.append(f"{domain}\t{kind}\t{item}\t{value}\n")
+    return "".join(lines)
+
+
+def render_systemd_defaults(cfg: NodeConfig) -> str:
+    memlock = "infinity" if cfg.limits_memlock == "unlimited" else str(cfg.limits_memlock)
+    return (
+        f"{HEADER}[Manager]\n"
+        f"DefaultLimitMEMLOCK={memlock}\n"
+        f"DefaultLimitNOFILE={cfg.limits_nofile}\n"
+        f"DefaultLimitSTACK={cfg.limits_stack}\n"
+    )
+
+
+def render_fabric_env(cfg: NodeConfig) -> str:
+    """KEY=value lines for systemd's EnvironmentFile= (and Podman's --env-file)."""
+    lines = [HEADER]
+    if not cfg.fabric_env:
+        lines.append("# no fabric settings for this node (single-node profile)\n")
+    lines += [f"{k}={v}\n" for k, v in sorted(cfg.fabric_env.items())]
+    return "".join(lines)
+
+
+def shm_problem(shm_bytes: int, need_bytes: int, reason: str) -> str | None:
+    """Why /dev/shm is too small, or None."""
+    if shm_bytes >= need_bytes:
+        return None
+    return (
+        f"/dev/shm is {shm_bytes / 2**30:.1f} GiB; {reason} needs {need_bytes / 2**30:.1f} GiB: "
+        "enlarge the tmpfs (fstab `size=`) or lower the KV offload"
+    )
+
+
+def shm_reason(cfg: NodeConfig) -> str:
+    return f"kv_offload_gib {cfg.kv_offload_gib:g} + shm_headroom_gib {cfg.shm_headroom_gib:g}"
+
+
+@operation()
+def shm_large_enough(min_bytes: int, reason: str):
+    """Fail the host when /dev/shm is smaller than ``min_bytes``; changes nothing.
+
+    + min_bytes: smallest acceptable /dev/shm size
+    + reason: what needs it, for the message
+    """
+    size = host.get_fact(MountSizeBytes, path="/dev/shm")
+    problem = shm_problem(size, min_bytes, reason)
+    if problem:
+        raise OperationError(problem)
+    host.noop(f"/dev/shm is {size / 2**30:.1f} GiB (>= {min_bytes / 2**30:.1f} GiB)")
+    yield from ()
+
+
+@deploy("Host tuning", data_defaults=DEFAULTS)
+def host_tuning():
+    cfg = node_config()
+    shm_large_enough(
+        name="Check /dev/shm holds the KV offload",
+        min_bytes=cfg.shm_required_bytes,
+        reason=shm_reason(cfg),
+    )
+    files.put(
+        name="Set memlock/nofile/stack limits for logins (limits.d)",
+        src=StringIO(render_limits(cfg)),
+        dest=LIMITS_FILE,
+        user="root",
+        group="root",
+        mode="0644",
+    )
+    defaults = files.put(
+        name="Set systemd's default memlock/nofile/stack limits for services",
+        src=StringIO(render_systemd_defaults(cfg)),
+        dest=SYSTEMD_DEFAULTS_FILE,
+        user="root",
+        group="root",
+        mode="0644",
+        create_remote_dir=True,
+    )
+    server.shell(
+        name="Re-execute systemd so the new default limits apply",
+        commands=["systemctl daemon-reexec"],
+        _if=defaults.did_change,
+    )
+    files.directory(
+        name="Create the fabric env file's directory",
+        path=posixpath.dirname(cfg.fabric_env_file),
+        user="root",
+        group="root",
+        mode="0755",
+    )
+    files.put(
+        name="Write the UCX/NCCL fabric environment",
+        src=StringIO(render_fabric_env(cfg)),
+        dest=cfg.fabric_env_file,
+        user="root",
+        group="root",
+        mode="0644",
+    )

@@ -1,0 +1,40 @@
+"""The typed view of pyinfra's inventory: validated once per run, shared by deploys and audits."""
+
+from __future__ import annotations
+
+import os
+
+from pyinfra import host as current_host
+from pyinfra import state as current_state
+from pyinfra.api import State
+from pyinfra.api.inventory import Inventory
+from pyinfra.context import ctx_state
+
+from deploys.schema import NodeConfig, validate_inventory
+
+# id(inventory) -> (inventory, configs): each deploy file is exec'd once per host, validation runs once.
+_VALIDATED: dict[int, tuple[Inventory, dict[str, NodeConfig]]] = {}
+
+
+def inventory_configs(inventory: Inventory | None = None) -> dict[str, NodeConfig]:
+    """Every host's validated config; raises InventoryValidationError naming host, key and value."""
+    inventory = inventory if inventory is not None else current_state.inventory
+    cached = _VALIDATED.get(id(inventory))
+    if cached is None or cached[0] is not inventory:
+        cached = (inventory, validate_inventory(inventory))
+        _VALIDATED[id(inventory)] = cached
+    return cached[1]
+
+
+def node_config(host=None) -> NodeConfig:
+    """The validated config of ``host`` (default: the host pyinfra is preparing now)."""
+    host = host if host is not None else current_host
+    return inventory_configs(host.inventory)[host.name]
+
+
+def load_inventory(path: str) -> Inventory:
+    """Load an inventory file the way the pyinfra CLI does (group_data beside it), without connecting."""
+    from pyinfra_cli.inventory import make_inventory
+
+    with ctx_state.use(State()):
+        return make_inventory(path, cwd=os.getcwd())

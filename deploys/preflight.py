@@ -1,0 +1,94 @@
+"""Preflight: read-only facts per host, one table per run, and a stop before anything changes.
+
+Refuses what the profile cannot run on: a wrong CPU architecture, too little free disk for the part of
+the model still missing, a /dev/shm too small for the KV offload. GPUs stay empty until the driver
+component adds its fact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
+
+from deploys.host_tuning import shm_problem, shm_reason
+from deploys.inventory import node_config
+from deploys.schema import NodeConfig
+from facts.host import MountSizeBytes, NodeResources
+
+DEFAULTS: dict = {}  # reads cluster, model and host-tuning keys; sets none itself
+
+ARCH_ALIASES = {"arm64": "aarch64", "amd64": "x86_64"}
+COLUMNS = ("host", "cluster/rank", "OS", "arch", "kernel", "CPUs", "RAM", "free disk (model path)",
+           "/dev/shm", "GPUs", "Podman", "RDMA")
+
+
+class PreflightError(DeployError):
+    """A host cannot run its profile; nothing was changed on any host."""
+
+
+@dataclass
+class _Run:
+    rows: dict[str, list[str]] = field(default_factory=dict)
+    problems: dict[str, list[str]] = field(default_factory=dict)
+
+
+_RUNS: dict[int, _Run] = {}
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int) -> list[str]:
+    """What stops this host from running its profile (empty when it can)."""
+    out = []
+    arch = ARCH_ALIASES.get(res["arch"], res["arch"])
+    if arch != cfg.node_arch:
+        out.append(f"arch is {res['arch']}, the profile needs {cfg.node_arch} (node_arch)")
+    need = max(0, int(cfg.model_size_gb * 1e9) - res["model_present_bytes"])
+    if res["disk_free_bytes"] < need:
+        out.append(
+            f"too little disk for the model at {cfg.model_root}: {res['disk_free_bytes']} bytes free at "
+            f"{res['disk_path']}, {need} bytes still needed (model_size_gb {cfg.model_size_gb:g})"
+        )
+    shm = shm_problem(shm_bytes, cfg.shm_required_bytes, shm_reason(cfg))
+    if shm:
+        out.append(shm)
+    return out
+
+
+def row_for(name: str, cfg: NodeConfig, res: dict, shm_bytes: int) -> list[str]:
+    return [
+        name, f"{cfg.cluster_name}/{cfg.node_rank}", res.get("os", "?"), res["arch"], res.get("kernel", "?"),
+        str(res["cpus"]), _gib(res["mem_bytes"]), f"{_gib(res['disk_free_bytes'])} ({res['disk_path']})",
+        _gib(shm_bytes), "-", res["podman"] or "-", ",".join(res["rdma"]) or "-",
+    ]
+
+
+def format_table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [list(COLUMNS), *rows]) for i in range(len(COLUMNS))]
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(list(COLUMNS)), fmt(["-" * w for w in widths]), *map(fmt, rows)])
+
+
+@deploy("Preflight")
+def preflight():
+    """Facts only. The last host to report prints the table and raises if any host cannot run."""
+    cfg = node_config()
+    res = host.get_fact(NodeResources, model_root=cfg.model_root, snapshot_dir=cfg.snapshot_dir)
+    shm_bytes = host.get_fact(MountSizeBytes, path="/dev/shm")
+
+    run = _RUNS.setdefault(id(host.state), _Run())
+    run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes)
+    run.problems[host.name] = problems_for(cfg, res, shm_bytes)
+    active = [h.name for h in host.state.inventory.get_active_hosts()]
+    if not set(active) <= set(run.rows):
+        return
+    logger.info("Preflight:\n" + format_table([run.rows[n] for n in sorted(active)]))
+    bad = {n: p for n, p in sorted(run.problems.items()) if p and n in active}
+    if bad:
+        lines = "\n".join(f"  - host {n}: {msg}" for n, msgs in bad.items() for msg in msgs)
+        raise PreflightError(f"preflight failed; nothing was changed on any host:\n{lines}")

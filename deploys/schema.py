@@ -1,0 +1,496 @@
+"""The one typed schema for every inventory key a deploy reads.
+
+Inventory data (host data, group data) flows: ``host.data`` -> :class:`NodeConfig` (validated, typed,
+with derived values) -> deploys and audits. No deploy reads raw ``host.data`` past this module.
+
+Keys are flat, component-prefixed pyinfra data keys (the pyinfra / Ansible-role convention). Each
+component's keys live in one mixin below; :class:`NodeConfig` is their union. ``python -m deploys.schema``
+prints the README's key table; a unit test keeps the README equal to it.
+
+Rules that need the whole group (tensor-parallel size, ranks, head address) are checked by
+:func:`validate_inventory`, which names host, key, bad value and what was expected for every problem.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pyinfra.api.exceptions import DeployError
+
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+# host.data also carries pyinfra's own keys (connector settings, global-argument defaults); they are
+# not ours to validate. Everything else must be a schema key, so a typo is an error, not a silent default.
+PYINFRA_KEY_PREFIXES = ("_", "ssh_", "docker_", "podman_", "chroot_", "fake_", "local_", "vagrant_")
+
+
+def _absolute(value: str) -> str:
+    if not PurePosixPath(value).is_absolute() or ".." in PurePosixPath(value).parts:
+        raise ValueError("expected an absolute path without '..'")
+    return str(PurePosixPath(value))
+
+
+AbsPath = Annotated[str, AfterValidator(_absolute)]
+
+
+def _env_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError("expected an environment variable name")
+    return value
+
+
+def _env_map(value: dict[str, str]) -> dict[str, str]:
+    for name, val in value.items():
+        _env_name(name)
+        if "\n" in val or "\0" in val:
+            raise ValueError(f"value of {name} contains a newline or NUL")
+    return value
+
+
+EnvMap = Annotated[dict[str, str], AfterValidator(_env_map)]
+
+
+def _key(default: Any = ..., description: str = "", **kw: Any) -> Any:
+    """A schema key: its default and the one-line meaning shown in the README table."""
+    if not description:
+        raise TypeError("every key needs a description")
+    return Field(default, description=description, **kw)
+
+
+class _Keys(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class ClusterKeys(_Keys):
+    """Topology: which serving group a node belongs to and its place in it."""
+
+    cluster_name: str = _key(
+        description="serving group this node belongs to; nodes sharing it run one tensor-parallel job",
+        min_length=1,
+        pattern=r"^[a-z0-9][a-z0-9_-]*$",
+    )
+    node_arch: Literal["x86_64", "aarch64"] = _key(
+        description="CPU architecture the profile's image and driver are built for (`uname -m`)"
+    )
+    gpu_indices: list[int] = _key(
+        [0], description="GPU indices this node serves with (CDI `nvidia.com/gpu=N`), unique"
+    )
+    tensor_parallel_size: int = _key(
+        description="tensor-parallel size; must equal GPUs per node × nodes in the cluster", ge=1
+    )
+    node_rank: int = _key(0, description="rank in a multi-node cluster: 0 is the head, 1..N-1 workers", ge=0)
+    fabric_address: str | None = _key(
+        None,
+        description="this node's address on the RoCE fabric (VLLM_HOST_IP; the head's is MASTER_ADDR); "
+        "required in multi-node clusters",
+    )
+    nccl_ib_gid_index: int | None = _key(
+        None,
+        description="pin NCCL_IB_GID_INDEX; unset = read from sysfs when the service starts "
+        "(it differs per node and moves after reboots)",
+        ge=0,
+    )
+
+    @model_validator(mode="after")
+    def _gpu_indices_unique(self) -> ClusterKeys:
+        if not self.gpu_indices:
+            raise _KeyError("gpu_indices", self.gpu_indices, "at least one GPU index")
+        if any(i < 0 for i in self.gpu_indices):
+            raise _KeyError("gpu_indices", self.gpu_indices, "non-negative GPU indices")
+        if len(set(self.gpu_indices)) != len(self.gpu_indices):
+            raise _KeyError("gpu_indices", self.gpu_indices, "unique GPU indices")
+        if self.fabric_address is not None:
+            try:
+                ipaddress.ip_address(self.fabric_address)
+            except ValueError:
+                raise _KeyError("fabric_address", self.fabric_address, "an IPv4 or IPv6 address") from None
+        return self
+
+
+class ModelKeys(_Keys):
+    """The model snapshot: what, at which commit, where on disk."""
+
+    model_repo: str = _key(
+        description="hub repository id (`org/name`)", pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$"
+    )
+    model_revision: str = _key(description="the pinned 40-hex commit of `model_repo` (never a branch or tag)")
+    model_root: AbsPath = _key(
+        description="directory holding the snapshot: the HF cache root (`hf_cache`) or the files themselves (`plain`)"
+    )
+    model_layout: Literal["hf_cache", "plain"] = _key(
+        "hf_cache",
+        description="`hf_cache`: `<root>/hub/models--org--name/snapshots/<commit>`; `plain`: the files in `model_root`",
+    )
+    model_size_gb: float = _key(
+        167.0,
+        description="disk the complete snapshot needs (GB, 10^9 bytes); preflight checks free space against "
+        "what is still missing",
+        gt=0,
+    )
+
+    @model_validator(mode="after")
+    def _revision_is_commit(self) -> ModelKeys:
+        if not HEX40.match(self.model_revision):
+            raise _KeyError("model_revision", self.model_revision, "a 40-hex commit id (lower case)")
+        return self
+
+
+class ImageKeys(_Keys):
+    """The container image the service runs."""
+
+    image: str = _key(
+        description="image reference without digest, e.g. `registry.home.arpa/vllm:deepseek-v4`",
+        pattern=r"^[a-z0-9][a-z0-9._/:-]*$",
+    )
+    image_digest: str | None = _key(None, description="manifest digest the image is pinned to (`sha256:<64 hex>`)")
+    image_upstream: str | None = _key(
+        None, description="where a mirrored image came from (documentation only; never pulled)"
+    )
+    allow_unpinned_image: bool = _key(
+        False, description="accept an image without `image_digest` (not reproducible; off by default)"
+    )
+
+    @model_validator(mode="after")
+    def _pinned(self) -> ImageKeys:
+        if "@" in self.image:
+            raise _KeyError("image", self.image, "a reference without '@digest' (put the digest in image_digest)")
+        if self.image_digest is not None and not DIGEST.match(self.image_digest):
+            raise _KeyError("image_digest", self.image_digest, "'sha256:' followed by 64 lower-case hex digits")
+        if self.image_digest is None and not self.allow_unpinned_image:
+            raise _KeyError(
+                "image_digest", None, "a pinned digest (or set allow_unpinned_image: true to accept a moving tag)"
+            )
+        return self
+
+
+class ContainerKeys(_Keys):
+    """How the container is run (Quadlet `[Container]`)."""
+
+    container_name: str = _key("inference", description="container and systemd service name", pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    container_exec: str | None = _key(None, description="command the container runs (Quadlet `Exec=`); unset = image default")
+    container_privileged: bool = _key(False, description="run `--privileged` (deployment A did; least privilege otherwise)")
+    container_ipc_host: bool = _key(False, description="share the host's IPC namespace (`--ipc=host`); excludes `container_shm_size`")
+    container_shm_size: str | None = _key(
+        None, description="container /dev/shm size (`ShmSize=`, e.g. `16g`); Podman refuses it with `--ipc=host`",
+        pattern=r"^[0-9]+[bkmg]?$",
+    )
+    service_env: EnvMap = _key({}, description="environment of the serving process (deployment A's image builds vLLM args from it)")
+    vllm_args: list[str] = _key([], description="extra vLLM command-line arguments (deployments B and C)")
+    model_mount: AbsPath = _key("/models", description="where the model directory is mounted read-only in the container")
+    jit_cache_dir: AbsPath | None = _key(None, description="host directory for the persistent JIT cache")
+    jit_cache_mount: AbsPath = _key("/cache", description="mount point of `jit_cache_dir` in the container")
+    container_tmp_dir: AbsPath | None = _key(None, description="host directory for the container's persistent tmp")
+    container_tmp_mount: AbsPath = _key("/container-tmp", description="mount point of `container_tmp_dir` in the container")
+    api_bind_address: str = _key("127.0.0.1", description="address the API listens on; loopback unless fronted by an authenticating proxy")
+    api_port: int = _key(8000, description="API port", ge=1, le=65535)
+    api_protected_by: str | None = _key(
+        None, description="how a non-loopback API is protected (required when `api_bind_address` is not loopback)"
+    )
+    service_timeout_start_sec: int = _key(3600, description="`TimeoutStartSec=`: first start compiles and loads ~160 GB", ge=1)
+    service_timeout_stop_sec: int = _key(120, description="`TimeoutStopSec=`", ge=1)
+    service_restart_sec: int = _key(30, description="`RestartSec=` after a failure", ge=0)
+
+    @model_validator(mode="after")
+    def _container_rules(self) -> ContainerKeys:
+        if self.container_ipc_host and self.container_shm_size is not None:
+            raise _KeyError(
+                "container_shm_size",
+                self.container_shm_size,
+                "unset while container_ipc_host is true (Podman refuses --ipc=host with a shm size)",
+            )
+        try:
+            bind = ipaddress.ip_address(self.api_bind_address)
+        except ValueError:
+            raise _KeyError("api_bind_address", self.api_bind_address, "an IP address") from None
+        if not bind.is_loopback and not (self.api_protected_by or "").strip():
+            raise _KeyError(
+                "api_protected_by",
+                self.api_protected_by,
+                f"a description of the authenticating proxy, since api_bind_address is {self.api_bind_address} "
+                "(not loopback)",
+            )
+        return self
+
+
+class HostTuningKeys(_Keys):
+    """Limits, fabric environment and /dev/shm (deploys/host_tuning.py)."""
+
+    limits_memlock: Literal["unlimited"] | int = _key(
+        "unlimited", description="locked-memory limit in bytes or `unlimited` (RDMA and pinned host memory need it)"
+    )
+    limits_nofile: int = _key(1048576, description="open-files limit (soft = hard)", ge=1024, le=1048576)
+    limits_stack: int = _key(67108864, description="stack size limit in bytes (soft = hard)", ge=8388608)
+    fabric_env: EnvMap = _key(
+        {},
+        description="UCX_*/NCCL_* settings written to `fabric_env_file` (e.g. `UCX_MEM_MMAP_HOOK_MODE`, `NCCL_IB_HCA`)",
+    )
+    fabric_env_file: AbsPath = _key(
+        "/etc/inference-nodes/fabric.env", description="env file the service reads for the fabric settings"
+    )
+    kv_offload_gib: float = _key(
+        0, description="KV cache offloaded to an mmap file in /dev/shm (GiB, all ranks of the node)", ge=0
+    )
+    shm_headroom_gib: float = _key(1, description="/dev/shm needed beyond the KV offload (NCCL, IPC buffers), GiB", ge=0)
+
+    @model_validator(mode="after")
+    def _fabric_rules(self) -> HostTuningKeys:
+        if isinstance(self.limits_memlock, int) and self.limits_memlock < 65536:
+            raise _KeyError("limits_memlock", self.limits_memlock, "'unlimited' or at least 65536 bytes")
+        for name in self.fabric_env:
+            if not re.match(r"^(UCX|NCCL)_[A-Z0-9_]+$", name):
+                raise _KeyError("fabric_env", name, "only UCX_* and NCCL_* variables")
+            if name == "NCCL_IB_GID_INDEX":
+                raise _KeyError(
+                    "fabric_env",
+                    name,
+                    "no NCCL_IB_GID_INDEX here: it is read from sysfs per node, or pinned with nccl_ib_gid_index",
+                )
+        return self
+
+
+class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKeys):
+    """Every key for one node, validated. Derived values are properties."""
+
+    @model_validator(mode="after")
+    def _cross_component(self) -> NodeConfig:
+        offload = self.service_env.get("KV_OFFLOADING_SIZE")
+        if offload is not None:
+            try:
+                matches = float(offload) == float(self.kv_offload_gib)
+            except ValueError:
+                matches = False
+            if not matches:
+                raise _KeyError(
+                    "kv_offload_gib",
+                    self.kv_offload_gib,
+                    f"the same size as service_env KV_OFFLOADING_SIZE={offload} (the /dev/shm check relies on it)",
+                )
+        tp = self.service_env.get("TP_SIZE")
+        if tp is not None and tp != str(self.tensor_parallel_size):
+            raise _KeyError(
+                "service_env", f"TP_SIZE={tp}", f"TP_SIZE equal to tensor_parallel_size ({self.tensor_parallel_size})"
+            )
+        return self
+
+    @property
+    def model_dir(self) -> str:
+        """Host directory mounted into the container (the repo's cache folder, or the plain directory)."""
+        if self.model_layout == "hf_cache":
+            return f"{self.model_root}/hub/models--{self.model_repo.replace('/', '--')}"
+        return self.model_root
+
+    @property
+    def snapshot_dir(self) -> str:
+        """Host directory holding the files of the pinned commit."""
+        if self.model_layout == "hf_cache":
+            return f"{self.model_dir}/snapshots/{self.model_revision}"
+        return self.model_root
+
+    @property
+    def image_ref(self) -> str:
+        return f"{self.image}@{self.image_digest}" if self.image_digest else self.image
+
+    @property
+    def shm_required_bytes(self) -> int:
+        return int((self.kv_offload_gib + self.shm_headroom_gib) * 2**30)
+
+
+COMPONENT_KEYS: dict[str, type[_Keys]] = {
+    "cluster": ClusterKeys,
+    "model": ModelKeys,
+    "image": ImageKeys,
+    "container": ContainerKeys,
+    "host_tuning": HostTuningKeys,
+}
+
+
+def defaults_of(keys: type[_Keys]) -> dict[str, Any]:
+    """The documented defaults of one component (its deploy's ``DEFAULTS``); required keys are left out."""
+    return {
+        name: field.default
+        for name, field in keys.model_fields.items()
+        if name in keys.__annotations__ and not field.is_required()
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors that name host, key, value and expectation
+
+
+class _KeyError(ValueError):
+    """Raised inside validators so the message can name the key a cross-field rule is about."""
+
+    def __init__(self, key: str, value: Any, expected: str):
+        self.key, self.value, self.expected = key, value, expected
+        super().__init__(f"{key}: {value!r}: expected {expected}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    host: str
+    key: str
+    value: Any
+    expected: str
+
+    def __str__(self) -> str:
+        shown = "<missing>" if self.value is _MISSING else repr(self.value)
+        return f"host {self.host}: key '{self.key}' = {shown}: expected {self.expected}"
+
+
+_MISSING = object()
+
+
+class InventoryValidationError(DeployError):
+    """The inventory is invalid; nothing was changed on any host."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(
+            f"inventory validation failed ({len(problems)} problem(s)); nothing was changed on any host:\n{lines}"
+        )
+
+
+def _problems_from(host: str, data: dict[str, Any], error: ValidationError) -> list[Problem]:
+    out = []
+    for err in error.errors():
+        ctx_err = (err.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, _KeyError):
+            out.append(Problem(host, ctx_err.key, ctx_err.value, ctx_err.expected))
+            continue
+        loc = [str(p) for p in err["loc"]]
+        key = loc[0] if loc else "?"
+        if err["type"] == "missing":
+            out.append(Problem(host, key, _MISSING, f"a value ({_describe(key)})"))
+        elif err["type"] == "extra_forbidden":
+            out.append(Problem(host, key, data.get(key), "no such key: a typo? (see the README's key table)"))
+        else:
+            where = key + "".join(f"[{p}]" for p in loc[1:])
+            out.append(Problem(host, where, err.get("input"), err["msg"].removeprefix("Value error, ")))
+    return out
+
+
+def _describe(key: str) -> str:
+    field = NodeConfig.model_fields.get(key)
+    return field.description if field and field.description else key
+
+
+def schema_data(data: dict[str, Any]) -> dict[str, Any]:
+    """The part of a host's data the schema owns (pyinfra's own connector/argument keys dropped)."""
+    return {k: v for k, v in data.items() if not k.startswith(PYINFRA_KEY_PREFIXES)}
+
+
+def parse_node(host: str, data: dict[str, Any]) -> tuple[NodeConfig | None, list[Problem]]:
+    data = schema_data(data)
+    try:
+        return NodeConfig.model_validate(data), []
+    except ValidationError as e:
+        return None, _problems_from(host, data, e)
+
+
+def cluster_problems(configs: dict[str, NodeConfig]) -> list[Problem]:
+    """Rules across the nodes of a cluster: size, ranks, one head, fabric addresses."""
+    problems: list[Problem] = []
+    clusters: dict[str, list[tuple[str, NodeConfig]]] = defaultdict(list)
+    for name, cfg in configs.items():
+        clusters[cfg.cluster_name].append((name, cfg))
+    for cluster, members in clusters.items():
+        n = len(members)
+        for name, cfg in members:
+            expected_tp = len(cfg.gpu_indices) * n
+            if cfg.tensor_parallel_size != expected_tp:
+                problems.append(Problem(
+                    name, "tensor_parallel_size", cfg.tensor_parallel_size,
+                    f"{expected_tp} = {len(cfg.gpu_indices)} GPU(s) per node × {n} node(s) in cluster {cluster}",
+                ))
+            if cfg.node_rank >= n:
+                problems.append(Problem(name, "node_rank", cfg.node_rank, f"a rank in 0..{n - 1} (cluster {cluster} has {n} node(s))"))
+            if n > 1 and cfg.fabric_address is None:
+                problems.append(Problem(name, "fabric_address", None, f"an address, since cluster {cluster} spans {n} nodes"))
+        by_rank: dict[int, list[str]] = defaultdict(list)
+        for name, cfg in members:
+            by_rank[cfg.node_rank].append(name)
+        for rank, names in sorted(by_rank.items()):
+            if len(names) > 1:
+                for name in names:
+                    problems.append(Problem(name, "node_rank", rank, f"a rank unique in cluster {cluster} (also on {', '.join(x for x in names if x != name)})"))
+        if 0 not in by_rank:
+            for name, cfg in members:
+                problems.append(Problem(name, "node_rank", cfg.node_rank, f"exactly one head (rank 0) in cluster {cluster}; none has rank 0"))
+        addresses: dict[str, list[str]] = defaultdict(list)
+        for name, cfg in members:
+            if cfg.fabric_address:
+                addresses[cfg.fabric_address].append(name)
+        for addr, names in addresses.items():
+            if len(names) > 1:
+                for name in names:
+                    problems.append(Problem(name, "fabric_address", addr, f"an address unique in cluster {cluster}"))
+        for key in ("model_repo", "model_revision", "image", "image_digest", "tensor_parallel_size"):
+            values = {getattr(cfg, key) for _, cfg in members}
+            if len(values) > 1:
+                for name, cfg in members:
+                    problems.append(Problem(name, key, getattr(cfg, key), f"the same value on every node of cluster {cluster}"))
+    return problems
+
+
+def validate_hosts(hosts: dict[str, dict[str, Any]]) -> dict[str, NodeConfig]:
+    """Validate every host's data and the cluster rules; raise one error listing every problem."""
+    configs: dict[str, NodeConfig] = {}
+    problems: list[Problem] = []
+    for name, data in hosts.items():
+        cfg, errs = parse_node(name, data)
+        problems += errs
+        if cfg is not None:
+            configs[name] = cfg
+    if not problems:
+        problems = cluster_problems(configs)
+    if problems:
+        raise InventoryValidationError(problems)
+    return configs
+
+
+def validate_inventory(inventory) -> dict[str, NodeConfig]:
+    """Validate every host of a pyinfra inventory (all of them, not only those --limit selects)."""
+    return validate_hosts({h.name: h.data.dict() for h in inventory})
+
+
+# --------------------------------------------------------------------------------------------------
+# The README key table
+
+
+def markdown_table() -> str:
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for component, keys in COMPONENT_KEYS.items():
+        for name, field in keys.model_fields.items():
+            if name not in keys.__annotations__:
+                continue
+            default = "*required*" if field.is_required() else f"`{_fmt_default(field.default)}`"
+            desc = (field.description or "").replace("|", "\\|")
+            lines.append(f"| `{name}` ({component}) | {default} | {desc} |")
+    return "\n".join(lines)
+
+
+def _fmt_default(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

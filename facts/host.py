@@ -1,0 +1,81 @@
+"""Facts about a node: OS, CPU, memory, free disk, mount sizes, RDMA devices, Podman version."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pyinfra.api import FactBase
+from pyinfra.api.exceptions import FactProcessError
+
+# One round trip: every value preflight needs, as key=value lines. A missing path (model not there yet)
+# is not an error: free space is read at the nearest existing parent, present bytes are 0.
+_NODE_RESOURCES = r"""
+. /etc/os-release 2>/dev/null
+echo "os=${PRETTY_NAME:-unknown}"
+echo "arch=$(uname -m)"
+echo "kernel=$(uname -r)"
+echo "cpus=$(getconf _NPROCESSORS_ONLN)"
+echo "mem_bytes=$(awk '/^MemTotal:/ {print $2 * 1024}' /proc/meminfo)"
+p={model_root}
+while [ ! -e "$p" ]; do p=$(dirname "$p"); done
+echo "disk_path=$p"
+echo "disk_free_bytes=$(df -P -B1 "$p" | awk 'NR==2 {print $4}')"
+if [ -e {snapshot_dir} ]; then echo "model_present_bytes=$(du -sbL {snapshot_dir} 2>/dev/null | cut -f1)"; else echo "model_present_bytes=0"; fi
+echo "rdma=$(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' ')"
+if command -v podman >/dev/null 2>&1; then echo "podman=$(podman --version 2>/dev/null | awk '{print $NF}')"; else echo "podman="; fi
+"""
+
+_INT_KEYS = ("cpus", "mem_bytes", "disk_free_bytes", "model_present_bytes")
+
+
+class NodeResources(FactBase[dict]):
+    """OS, arch, kernel, CPUs, RAM, free disk at the model path, RDMA devices, Podman version.
+
+    .. code:: python
+
+        {"os": "Ubuntu 24.04.3 LTS", "arch": "x86_64", "kernel": "6.8.0-87-generic", "cpus": 32,
+         "mem_bytes": 811748065280, "disk_path": "/mnt/data", "disk_free_bytes": 3298534883328,
+         "model_present_bytes": 0, "rdma": ["mlx5_0"], "podman": "4.9.3"}
+    """
+
+    default = dict
+
+    def command(self, model_root: str, snapshot_dir: str) -> str:
+        return _NODE_RESOURCES.replace("{model_root}", shlex.quote(model_root)).replace(
+            "{snapshot_dir}", shlex.quote(snapshot_dir)
+        )
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for line in output:
+            if "=" in line:
+                key, value = line.split("=", 1)
+                values[key.strip()] = value.strip()
+        missing = [k for k in ("arch", *_INT_KEYS) if k not in values]
+        if missing:
+            raise FactProcessError(f"NodeResources: no value for {', '.join(missing)} in {output!r}")
+        try:
+            for key in _INT_KEYS:
+                values[key] = int(values[key] or 0)
+        except ValueError as e:
+            raise FactProcessError(f"NodeResources: {e}") from e
+        values["rdma"] = values.get("rdma", "").split()
+        values["podman"] = values.get("podman") or None
+        return values
+
+
+class MountSizeBytes(FactBase[int]):
+    """Size in bytes of the filesystem mounted at ``path`` (``/dev/shm``: the tmpfs limit), 0 if absent."""
+
+    default = int
+
+    def command(self, path: str) -> str:
+        q = shlex.quote(path)
+        return f"if [ -d {q} ]; then df -P -B1 {q} | awk 'NR==2 {{print $2}}'; else echo 0; fi"
+
+    def process(self, output: list[str]) -> int:
+        try:
+            return int(output[0])
+        except (IndexError, ValueError) as e:
+            raise FactProcessError(f"MountSizeBytes: unexpected df output {output!r}") from e

@@ -1,0 +1,38 @@
+"""Reference deployment B: two GB10 nodes, DSpark Graph-8, TP 2 across the nodes over RoCE v2 (seed 004).
+
+Per host (inventory): node_rank (worker 1 starts first, then head 0) and fabric_address (VLLM_HOST_IP;
+the head's is MASTER_ADDR on both). NCCL_IB_GID_INDEX is not set here: it differs per node and moves
+after reboots, so the service reads it from sysfs at start.
+"""
+
+cluster_name = "gb10-dspark"
+node_arch = "aarch64"
+gpu_indices = [0]
+tensor_parallel_size = 2
+
+model_repo = "deepseek-ai/DeepSeek-V4-Flash-0731"
+model_revision = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
+# The write-up only says "the same local path on both nodes"; this path is the toolkit's default.
+model_root = "/srv/models/DeepSeek-V4-Flash-0731"
+model_layout = "plain"
+
+image = "ghcr.io/anemll/dspark-vllm-gx10:0.1.1"
+image_digest = "sha256:a83948492cf13df455170fb42885f5ef4db54fefe0feff0f841ecbff464ac9d8"
+
+service_env = {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
+# Flags as the write-up spells them. DSpark draft tokens (5) and the flashinfer_b12x MoE backend are
+# part of the profile too; their flag spelling is the service issue's to confirm against the image.
+vllm_args = [
+    "--kv-cache-dtype", "nvfp4_ds_mla",
+    "--max-cudagraph-capture-size", "8",
+    "--max-model-len", "1048576",
+    "--max-num-seqs", "2",
+    "--max-num-batched-tokens", "4096",
+    "--gpu-memory-utilization", "0.75",  # do not raise to 0.80 / 8192 tokens without a new pressure test
+    "--block-size", "256",
+]
+
+fabric_env = {
+    "UCX_MEM_MMAP_HOOK_MODE": "none",
+    "UCX_RCACHE_MAX_UNRELEASED": "1024",
+}

@@ -1,0 +1,29 @@
+"""Reference deployment C: two DGX Spark nodes, MTP speculative decoding + prefix caching, TP 2 (seed 003).
+
+The write-up is silent on two pins; the toolkit's documented choices:
+- model commit: the one deployment B verified (the write-up names no commit);
+- image: no tag or digest is given, so `allow_unpinned_image` is set; pin a digest before production.
+Driver: the 580 branch (590 leaked unified memory and deadlocked CUDA graphs on GB10).
+"""
+
+cluster_name = "gb10-mtp"
+node_arch = "aarch64"
+gpu_indices = [0]
+tensor_parallel_size = 2
+
+model_repo = "deepseek-ai/DeepSeek-V4-Flash-0731"
+model_revision = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
+model_root = "/srv/models/DeepSeek-V4-Flash-0731"
+model_layout = "plain"
+
+image = "docker.io/aidendle94/sparkrun-vllm-ds4-gb10:latest"
+image_digest = None
+allow_unpinned_image = True
+
+# No VLLM_USE_V2_MODEL_RUNNER (fails with the reasoning budget) and no --enable-expert-parallel
+# (the B12X MoE backend refuses EP). MTP speculative decoding is the image's DeepSeek MTP path.
+service_env = {"VLLM_TRITON_MLA_SPARSE": "1"}
+vllm_args = [
+    "--max-num-seqs", "8",
+    "--enable-prefix-caching",
+]

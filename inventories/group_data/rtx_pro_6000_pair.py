@@ -1,0 +1,55 @@
+"""Reference deployment A: one host, 2x RTX PRO 6000 Blackwell Max-Q 96 GB, Podman + Quadlet (seed 000).
+
+Every value is the write-up's; deliberate differences: the image is pinned by digest (the write-up
+pulled `Pull=always`), and MODEL_PATH / CUDA_VISIBLE_DEVICES are derived (model_mount + commit,
+gpu_indices) rather than repeated here.
+"""
+
+cluster_name = "rtx-pro-6000-pair"
+node_arch = "x86_64"
+gpu_indices = [0, 1]
+tensor_parallel_size = 2
+
+model_repo = "deepseek-ai/DeepSeek-V4-Flash-0731"
+model_revision = "7872f01b1d1fe23eabc4c98b48bffcef5a386062"
+model_root = "/mnt/data/hf"
+model_layout = "hf_cache"
+
+image = "registry.home.arpa/vllm:deepseek-v4"
+image_digest = "sha256:64b94299abdd3bcf5bb5050ca91b378f9ee4e0b0eff4748375b95352371d7cb2"
+image_upstream = "voipmonitor/vllm:gilded-gnosis-v20-vllmf5981f1-si2b9bf2a-fi801d57a-cu132-20260803-r24"
+
+container_name = "grandpa"
+container_exec = "/usr/local/bin/serve-ds4-flash.sh"
+container_privileged = True  # not least privilege: kept because the write-up's service started with it
+container_ipc_host = True  # so no container_shm_size: Podman refuses both
+model_mount = "/models"
+jit_cache_dir = "/mnt/data/hf/jit/ds4-v20-r24"
+jit_cache_mount = "/cache"
+container_tmp_dir = "/mnt/data/hf/tmp/ds4-v20-r24"
+container_tmp_mount = "/container-tmp"
+api_port = 8000
+
+service_env = {
+    "BACKEND": "b12x-a8",
+    "DCP_SIZE": "1",
+    "DSPARK_DEPTH_MODE": "fixed",
+    "DSPARK_TOKENS": "5",
+    "GPU_MEMORY_UTILIZATION": "0.975",
+    "INSTANTTENSOR_BACKEND": "BUFFERED",
+    "KV_OFFLOADING_SIZE": "8",
+    "LOAD_FORMAT": "instanttensor",
+    "MAX_MODEL_LEN": "262144",
+    "MAX_NUM_BATCHED_TOKENS": "8192",
+    "MAX_NUM_SEQS": "2",
+    "MODE": "dspark",
+    "PORT": "8000",
+    "SERVED_MODEL_NAME": "grandpa",
+    "TP_SIZE": "2",
+}
+
+# KV offload: an 8 GiB mmap file in /dev/shm (host RAM), so /dev/shm must hold it.
+kv_offload_gib = 8
+
+# Limits (container Ulimit= and [Service] Limit*=): memlock unlimited, nofile 1048576, stack 64 MiB,
+# TimeoutStartSec=3600, TimeoutStopSec=120, RestartSec=30 are the schema defaults, i.e. the write-up's.

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Throwaway systemd test nodes: a Debian trixie rootfs (mmdebstrap) booted with `systemd-nspawn -b`,
+# sshd on 127.0.0.1:<port>. Several may run at once; reboots are supported; `down` leaves no process.
+#
+#   node.sh deps                  install the host packages the harness needs
+#   node.sh build                 build (or reuse) the cached rootfs tarball
+#   node.sh up NAME PORT          boot a fresh node from the tarball (idempotent while it runs)
+#   node.sh down NAME             halt it (SIGKILL of its cgroup as fallback) and delete its rootfs
+#   node.sh down-all              every node this harness started
+#   node.sh ssh NAME [cmd...]     a root shell on the node
+#
+# Why the odd flags: see the comments at each one. Everything lives under $SANDBOX_DIR.
+set -euo pipefail
+SANDBOX_DIR=${SANDBOX_DIR:-/var/tmp/inference-nodes-sandbox}
+PKGS=systemd,systemd-sysv,dbus,openssh-server,python3,podman,nftables,aardvark-dns,iproute2,procps,ca-certificates,busybox-static
+MIRROR=${SANDBOX_MIRROR:-http://deb.debian.org/debian}
+TAR=$SANDBOX_DIR/cache/trixie-$(printf '%s' "$PKGS" | sha256sum | cut -c1-12).tar
+KEY=$SANDBOX_DIR/ssh/id_ed25519
+SSHCFG=$SANDBOX_DIR/ssh/config
+SHM_SIZE=${SANDBOX_SHM_SIZE:-16g}
+log() { printf '[sandbox] %s\n' "$*" >&2; }
+
+deps() {
+  if ! command -v mmdebstrap >/dev/null || ! command -v systemd-nspawn >/dev/null || ! command -v ssh >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap systemd-container openssh-client >/dev/null
+  fi
+}
+
+build() {
+  [ -s "$TAR" ] && return
+  mkdir -p "$(dirname "$TAR")"
+  log "building rootfs (trixie, ~30 s): $TAR"
+  mmdebstrap --quiet --variant=apt --mode=root --format=tar --include="$PKGS" \
+    --customize-hook='rm -f "$1/etc/machine-id"; touch "$1/etc/machine-id"' \
+    trixie "$TAR.tmp" "deb $MIRROR trixie main"
+  mv "$TAR.tmp" "$TAR"
+}
+
+sshkey() {
+  mkdir -p "$SANDBOX_DIR/ssh"; chmod 700 "$SANDBOX_DIR/ssh"
+  [ -f "$KEY" ] || ssh-keygen -q -t ed25519 -N '' -f "$KEY" -C inference-nodes-sandbox
+}
+
+write_sshcfg() {  # one OpenSSH config for every running node (testinfra's ssh:// backend and humans)
+  local tmp=$SSHCFG.tmp d name port
+  : > "$tmp"
+  for d in "$SANDBOX_DIR"/run/*/; do
+    [ -f "$d/port" ] || continue
+    name=$(basename "$d"); port=$(cat "$d/port")
+    cat >> "$tmp" <<CFG
+Host $name
+  HostName 127.0.0.1
+  Port $port
+  User root
+  IdentityFile $KEY
+  IdentitiesOnly yes
+  # throwaway test node, new host key every boot: never use these two lines for a real host
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  LogLevel ERROR
+  ControlMaster auto
+  ControlPath $SANDBOX_DIR/ssh/cm-%C
+  ControlPersist 60
+CFG
+  done
+  mv "$tmp" "$SSHCFG"
+}
+
+running() { local pid; pid=$(cat "$SANDBOX_DIR/run/$1/pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null; }
+
+up() {
+  local name=$1 port=$2 run=$SANDBOX_DIR/run/$1 root=$SANDBOX_DIR/nodes/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
+  if running "$name"; then log "$name already running"; return; fi
+  deps; build; sshkey
+  rm -rf "$root" "$run"; mkdir -p "$root" "$run"
+  tar -C "$root" -xf "$TAR"
+  echo "$name" > "$root/etc/hostname"
+  install -d -m700 "$root/root/.ssh"; install -m600 "$KEY.pub" "$root/root/.ssh/authorized_keys"
+  printf 'Port %s\nListenAddress 127.0.0.1\nPermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n' \
+    "$port" > "$root/etc/ssh/sshd_config.d/sandbox.conf"
+  # harness-only: this host binds the pids controller to cgroup v1, so crun must not ask for a pids limit
+  mkdir -p "$root/etc/containers/containers.conf.d"
+  printf '[containers]\npids_limit = 0\n' > "$root/etc/containers/containers.conf.d/90-sandbox.conf"
+  echo "$port" > "$run/port"
+  # The supervisor joins a cgroup of its own (two nodes must not share the root one), restarts nspawn when
+  # the node reboots (exit 133) and gives every boot a fresh time namespace so /proc/uptime restarts at 0
+  # (pyinfra's server.reboot waits for uptime to go down).
+  cat > "$run/supervise.sh" <<'SUP'
+#!/bin/bash
+cg=$1; shift; mkdir -p "$cg"; echo $$ > "$cg/cgroup.procs"
+trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 0' TERM
+while :; do
+  up=$(awk '{print int($1)}' /proc/uptime)
+  unshare --fork --time --boottime "-$up" --monotonic "-$up" "$@" & child=$!
+  wait "$child"; rc=$?
+  [ "$rc" = 133 ] || exit "$rc"
+  echo "== node rebooted =="
+done
+SUP
+  # SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1: systemd 257 hangs silently on this host's hybrid cgroups otherwise.
+  # --register=no --keep-unit: the host's PID 1 is not systemd (no machined, no D-Bus).
+  # --system-call-filter: podman/crun inside the node need keyctl and bpf.
+  # --tmpfs=/dev/shm: nspawn's default is 10% of this machine's RAM; the node stands in for a host with
+  # hundreds of GB, so give it the profile's size (a tmpfs size is a limit: nothing is allocated up front).
+  setsid bash "$run/supervise.sh" "$cg" \
+    env SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 systemd-nspawn -D "$root" -M "$name" -b \
+      --register=no --keep-unit --console=pipe --resolv-conf=copy-host \
+      --system-call-filter='@keyring bpf' --tmpfs="/dev/shm:mode=1777,size=$SHM_SIZE" \
+      ${SANDBOX_NSPAWN_EXTRA:-} \
+      </dev/null >"$run/console.log" 2>&1 &
+  echo $! > "$run/pid"
+  write_sshcfg
+  local t0=$SECONDS
+  until ssh -F "$SSHCFG" -o ConnectTimeout=2 "$name" 'systemctl is-system-running --wait >/dev/null 2>&1; true' 2>/dev/null; do
+    running "$name" || { log "nspawn for $name died:"; cat "$run/console.log" >&2; return 1; }
+    (( SECONDS - t0 > 120 )) && { log "timeout waiting for sshd on $name"; return 1; }
+    sleep 0.3
+  done
+  log "$name up on 127.0.0.1:$port after $((SECONDS - t0)) s ($(ssh -F "$SSHCFG" "$name" systemctl is-system-running || true))"
+}
+
+cgprocs() { [ -d "$1" ] && find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null; true; }
+
+down() {
+  local name=$1 run=$SANDBOX_DIR/run/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
+  ssh -F "$SSHCFG" -O exit "$name" >/dev/null 2>&1 || true
+  if running "$name" && [ "${FAST_DOWN:-0}" != 1 ]; then
+    kill -TERM "$(cat "$run/pid")"                       # nspawn halts the node cleanly
+    for _ in $(seq 60); do running "$name" || break; sleep 0.5; done
+  fi
+  if [ -n "$(cgprocs "$cg")" ]; then                     # halt hung (or FAST_DOWN): kill every process of the node
+    echo 1 > "$cg/cgroup.kill"
+    for _ in $(seq 40); do [ -z "$(cgprocs "$cg")" ] && break; sleep 0.25; done
+  fi
+  [ -d "$cg" ] && { find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true; }
+  rm -rf "/run/systemd/nspawn/propagate/$name" "$run" "$SANDBOX_DIR/nodes/$name"
+  write_sshcfg
+  log "$name down"
+}
+
+down_all() { local d; for d in "$SANDBOX_DIR"/run/*/; do [ -d "$d" ] && down "$(basename "$d")"; done; true; }
+
+case ${1:-} in
+  deps) deps ;;
+  build) deps; build ;;
+  up) [ $# -eq 3 ] || { echo "usage: $0 up NAME PORT" >&2; exit 2; }; up "$2" "$3" ;;
+  down) [ $# -eq 2 ] || { echo "usage: $0 down NAME" >&2; exit 2; }; down "$2" ;;
+  down-all) down_all ;;
+  ssh) shift; name=$1; shift; exec ssh -F "$SSHCFG" "$name" "$@" ;;
+  *) echo "usage: $0 deps|build|up NAME PORT|down NAME|down-all|ssh NAME [cmd]" >&2; exit 2 ;;
+esac
