@@ -89,7 +89,8 @@ up() {
   cat > "$run/supervise.sh" <<'SUP'
 #!/bin/bash
 cg=$1; shift; mkdir -p "$cg"; echo $$ > "$cg/cgroup.procs"
-trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 0' TERM
+# TERM goes to nspawn itself (unshare's child), which halts the node cleanly; unshare would not forward it.
+trap 'kill -TERM $(ps -o pid= --ppid "$child") 2>/dev/null; wait "$child"; exit 0' TERM
 while :; do
   up=$(awk '{print int($1)}' /proc/uptime)
   unshare --fork --time --boottime "-$up" --monotonic "-$up" "$@" & child=$!

@@ -1,0 +1,44 @@
+# Two commands do all set-up on a fresh Debian 12/13 machine as root: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SANDBOX_INVENTORY := inventories/sandbox.py
+NODE_SH := tests/sandbox/node.sh
+
+.PHONY: venv sandbox-deps test unit demo demo-down readme-keys
+
+$(BIN)/pyinfra: pyproject.toml
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+venv: $(BIN)/pyinfra
+
+sandbox-deps:
+	$(NODE_SH) deps
+
+# The whole suite: unit tier, then the node tier on sandbox nodes (booted and torn down by the tests).
+test: venv sandbox-deps
+	$(BIN)/python -m pytest
+
+unit: venv
+	$(BIN)/python -m pytest tests/unit
+
+# Boot the sandbox nodes, converge them with the real entry point, audit them; leaves them running.
+demo: venv sandbox-deps
+	$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port; do $(NODE_SH) up "$$name" "$$port" || exit 1; done
+	$(BIN)/pyinfra -y $(SANDBOX_INVENTORY) deploys/all.py
+	AUDIT_INVENTORY=$(SANDBOX_INVENTORY) $(BIN)/python -m pytest -q tests/audit
+	@echo
+	@echo "Sandbox nodes are running:"
+	@$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port; do echo "  $$name  ssh -F $${SANDBOX_DIR:-/var/tmp/inference-nodes-sandbox}/ssh/config $$name   (or: $(NODE_SH) ssh $$name)"; done
+	@echo "Converge again:  $(BIN)/pyinfra -y $(SANDBOX_INVENTORY) deploys/all.py"
+	@echo "Stop them all:   make demo-down"
+
+demo-down:
+	$(NODE_SH) down-all
+
+readme-keys: venv
+	$(BIN)/python -m deploys.schema --update-readme README.md

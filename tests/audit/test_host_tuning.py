@@ -1,0 +1,64 @@
+"""Audit of host tuning: configured limits (limits.d and systemd's service defaults), fabric env, /dev/shm.
+
+Expected values come from the inventory's typed config, never from the deploy's own renderers.
+Effective limits of running processes are not asserted: a sandbox node inherits its parent's hard caps
+(nofile 20000, memlock 8 MiB on the CI host), so only configured values are comparable everywhere.
+"""
+
+LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
+
+
+def _limits_entries(text: str) -> dict[tuple[str, str, str], str]:
+    entries = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 4 and not fields[0].startswith("#"):
+            domain, kind, item, value = fields
+            entries[(domain, kind, item)] = value
+    return entries
+
+
+def test_limits_d_raises_memlock_nofile_stack_for_users_and_root(node):
+    f = node.host.file(LIMITS_FILE)
+    assert f.is_file and f.user == "root" and f.mode == 0o644
+    entries = _limits_entries(f.content_string)
+    memlock = "unlimited" if node.cfg.limits_memlock == "unlimited" else str(node.cfg.limits_memlock // 1024)
+    expected = {"memlock": memlock, "nofile": str(node.cfg.limits_nofile), "stack": str(node.cfg.limits_stack // 1024)}
+    for domain in ("*", "root"):  # pam_limits' wildcard does not cover root
+        for kind in ("soft", "hard"):
+            for item, value in expected.items():
+                assert entries.get((domain, kind, item)) == value, (domain, kind, item)
+
+
+def test_systemd_default_limits_for_services(node):
+    shown = node.host.check_output("systemctl show -p DefaultLimitMEMLOCK -p DefaultLimitNOFILE -p DefaultLimitSTACK")
+    props = dict(line.split("=", 1) for line in shown.splitlines())
+    memlock = "infinity" if node.cfg.limits_memlock == "unlimited" else str(node.cfg.limits_memlock)
+    assert props == {
+        "DefaultLimitMEMLOCK": memlock,
+        "DefaultLimitNOFILE": str(node.cfg.limits_nofile),
+        "DefaultLimitSTACK": str(node.cfg.limits_stack),
+    }
+
+
+def test_services_started_by_systemd_get_the_limits(node):
+    # sshd's unit sets no limits of its own, so it shows what every service without Limit*= gets.
+    shown = node.host.check_output("systemctl show ssh.service -p LimitNOFILE -p LimitSTACK")
+    props = dict(line.split("=", 1) for line in shown.splitlines())
+    assert props == {"LimitNOFILE": str(node.cfg.limits_nofile), "LimitSTACK": str(node.cfg.limits_stack)}
+
+
+def test_fabric_env_file(node):
+    f = node.host.file(node.cfg.fabric_env_file)
+    assert f.is_file and f.user == "root" and f.group == "root" and f.mode == 0o644
+    values = {}
+    for line in f.content_string.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            values[key] = value
+    assert values == node.cfg.fabric_env
+
+
+def test_dev_shm_holds_the_kv_offload(node):
+    size = int(node.host.check_output("df -P -B1 /dev/shm | awk 'NR==2 {print $2}'"))
+    assert size >= node.cfg.shm_required_bytes

@@ -1,0 +1,65 @@
+"""Node tier: real sandbox nodes (systemd-nspawn, tests/sandbox/node.sh) booted once per session.
+
+Outside CI the tier is skipped when this machine cannot boot nodes (not root, no apt); under CI=true it
+fails instead, so a CI run can never pass without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.sandbox.nodes import sandbox_nodes
+
+NODE_SH = "tests/sandbox/node.sh"
+INVENTORY = "inventories/sandbox.py"
+PYINFRA = os.path.join(os.path.dirname(sys.executable), "pyinfra")
+
+
+def _cannot_boot() -> str | None:
+    if os.geteuid() != 0:
+        return "sandbox nodes need root"
+    if not shutil.which("systemd-nspawn") and not shutil.which("apt-get"):
+        return "no systemd-nspawn and no apt-get to install it"
+    return None
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    reason = _cannot_boot()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"node tier cannot run under CI: {reason}")
+        pytest.skip(reason)
+    nodes = sandbox_nodes(INVENTORY)
+    try:
+        for name, port in nodes:
+            subprocess.run([NODE_SH, "up", name, str(port)], check=True)
+        yield [name for name, _ in nodes]
+    finally:
+        subprocess.run([NODE_SH, "down-all"], check=False)
+
+
+def pyinfra(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the pyinfra CLI exactly as an admin would, against the sandbox inventory."""
+    cmd = [PYINFRA, "-y", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def changed_operations(proc: subprocess.CompletedProcess) -> list[tuple[str, list[str]]]:
+    """(operation, hosts) pairs that changed something, from pyinfra's --json results."""
+    results = json.loads(proc.stdout)["results"]
+    assert not results["failed_hosts"], results["failed_hosts"]
+    return [(op["name"], op["success"]) for op in results["operations"] if op["success"]]
+
+
+def on_node(name: str, command: str) -> subprocess.CompletedProcess:
+    return subprocess.run([NODE_SH, "ssh", name, command], capture_output=True, text=True, timeout=120)

@@ -1,0 +1,73 @@
+"""converge -> bad input changes nothing -> converge -> zero changes -> reboot -> audit (-> drift caught).
+
+The tests in this module run in order and share the session's nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra
+
+LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
+
+
+def _untouched(nodes):
+    for name in nodes:
+        assert on_node(name, f"test ! -e {LIMITS_FILE}").returncode == 0, f"{name} was changed"
+
+
+def test_bad_inventory_value_stops_the_run_and_names_host_and_key(sandbox):
+    proc = pyinfra(INVENTORY, "deploys/all.py", "--data", 'model_revision="main"', check=False)
+    assert proc.returncode == 1
+    for name in sandbox:
+        assert f"host {name}: key 'model_revision' = 'main': expected a 40-hex commit id" in proc.stderr
+    assert "nothing was changed on any host" in proc.stderr
+    _untouched(sandbox)
+
+
+def test_preflight_refuses_a_host_that_cannot_run_the_profile(sandbox):
+    proc = pyinfra(INVENTORY, "deploys/all.py", "--data", "shm_headroom_gib=100", check=False)
+    assert proc.returncode == 1
+    assert "Preflight:" in proc.stderr and "Podman" in proc.stderr  # the table was printed
+    for name in sandbox:
+        assert f"host {name}: /dev/shm is 16.0 GiB" in proc.stderr
+    _untouched(sandbox)
+
+
+def test_converge(sandbox):
+    proc = pyinfra("--json", INVENTORY, "deploys/all.py")
+    changed = dict(changed_operations(proc))
+    assert sorted(changed["Host tuning | Set memlock/nofile/stack limits for logins (limits.d)"]) == sorted(sandbox)
+
+
+def test_second_converge_reports_zero_changes(sandbox):
+    proc = pyinfra("--json", INVENTORY, "deploys/all.py")
+    assert changed_operations(proc) == []
+
+
+def test_audit_after_reboot(sandbox):
+    pyinfra(INVENTORY, "server.reboot", "delay=5", "interval=1", "reboot_timeout=120")
+    proc = _audit()
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert " passed" in proc.stdout and " failed" not in proc.stdout
+
+
+def test_audit_catches_drift_and_converge_repairs_it(sandbox):
+    node = sandbox[-1]
+    assert on_node(node, f"sed -i 's/1048576/4096/' {LIMITS_FILE}; echo UCX_TLS=tcp >> /etc/inference-nodes/fabric.env").returncode == 0
+    proc = _audit()
+    assert proc.returncode == 1
+    assert f"test_limits_d_raises_memlock_nofile_stack_for_users_and_root[{node}]" in proc.stdout
+    assert f"test_fabric_env_file[{node}]" in proc.stdout
+    changed = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py"))
+    assert [hosts for _, hosts in changed] == [[node], [node]]
+    assert _audit().returncode == 0
+
+
+def _audit() -> subprocess.CompletedProcess:
+    env = {**os.environ, "AUDIT_INVENTORY": INVENTORY}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "tests/audit"], capture_output=True,
+                          text=True, env=env, timeout=300)

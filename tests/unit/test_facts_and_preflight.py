@@ -1,0 +1,88 @@
+"""Fact parsers on real command output, and preflight's refusal rules."""
+
+import runpy
+
+import pytest
+from pyinfra.api.exceptions import FactProcessError
+
+from deploys.preflight import format_table, problems_for, row_for
+from deploys.schema import NodeConfig
+from facts.host import MountSizeBytes, NodeResources
+
+# Output of NodeResources' command on a sandbox node (Debian trixie under systemd-nspawn).
+SANDBOX_OUTPUT = """os=Debian GNU/Linux 13 (trixie)
+arch=x86_64
+kernel=6.18.44-fc-v595
+cpus=2
+mem_bytes=25218297856
+disk_path=/mnt
+disk_free_bytes=83963756544
+model_present_bytes=0
+rdma=
+podman=5.4.2""".splitlines()
+
+PROFILE_A = {k: v for k, v in runpy.run_path("inventories/group_data/rtx_pro_6000_pair.py").items() if not k.startswith("__")}
+CFG = NodeConfig.model_validate(PROFILE_A)
+
+
+def test_node_resources_parses_real_output():
+    res = NodeResources().process(SANDBOX_OUTPUT)
+    assert res["arch"] == "x86_64" and res["cpus"] == 2 and res["disk_free_bytes"] == 83963756544
+    assert res["rdma"] == [] and res["podman"] == "5.4.2"
+
+
+def test_node_resources_lists_rdma_and_missing_podman():
+    out = [line for line in SANDBOX_OUTPUT if not line.startswith(("rdma", "podman"))] + ["rdma=mlx5_0 mlx5_1 ", "podman="]
+    res = NodeResources().process(out)
+    assert res["rdma"] == ["mlx5_0", "mlx5_1"] and res["podman"] is None
+
+
+def test_node_resources_rejects_garbage_per_host():
+    with pytest.raises(FactProcessError):
+        NodeResources().process(["arch=x86_64"])
+    with pytest.raises(FactProcessError):
+        NodeResources().process([line.replace("cpus=2", "cpus=two") for line in SANDBOX_OUTPUT])
+
+
+def test_node_resources_command_quotes_paths():
+    cmd = NodeResources().command(model_root="/mnt/a b", snapshot_dir="/mnt/a b/x;rm -rf /")
+    assert "p='/mnt/a b'" in cmd and "'/mnt/a b/x;rm -rf /'" in cmd
+
+
+def test_mount_size_parses_and_rejects():
+    assert MountSizeBytes().process(["17179869184"]) == 16 * 2**30
+    with pytest.raises(FactProcessError):
+        MountSizeBytes().process(["df: /dev/shm: No such file"])
+
+
+def _res(**changes):
+    return {**NodeResources().process(SANDBOX_OUTPUT), **changes}
+
+
+def test_fit_host_has_no_problems():
+    assert problems_for(CFG, _res(disk_free_bytes=200 * 10**9), 16 * 2**30) == []
+
+
+def test_arch_aliases_are_accepted_and_mismatch_refused():
+    assert problems_for(CFG, _res(arch="amd64", disk_free_bytes=200 * 10**9), 16 * 2**30) == []
+    (problem,) = problems_for(CFG, _res(arch="aarch64", disk_free_bytes=200 * 10**9), 16 * 2**30)
+    assert "arch is aarch64, the profile needs x86_64" in problem
+
+
+def test_disk_check_counts_what_is_already_there():
+    (problem,) = problems_for(CFG, _res(disk_free_bytes=100 * 10**9), 16 * 2**30)
+    assert "too little disk for the model at /mnt/data/hf" in problem and "167000000000 bytes still needed" in problem
+    assert problems_for(CFG, _res(disk_free_bytes=100 * 10**9, model_present_bytes=100 * 10**9), 16 * 2**30) == []
+
+
+def test_shm_too_small_for_kv_offload():
+    (problem,) = problems_for(CFG, _res(disk_free_bytes=200 * 10**9), 4 * 2**30)
+    assert "/dev/shm is 4.0 GiB; kv_offload_gib 8 + shm_headroom_gib 1 needs 9.0 GiB" in problem
+
+
+def test_table_has_a_row_per_host_and_aligned_columns():
+    table = format_table([row_for("node-a", CFG, _res(), 16 * 2**30), row_for("node-bb", CFG, _res(), 2**30)])
+    lines = table.splitlines()
+    assert lines[0].startswith("host ") and "GPUs" in lines[0] and "RDMA" in lines[0]
+    assert lines[2].startswith("node-a ") and "16.0 GiB" in lines[2] and "5.4.2" in lines[2]
+    assert lines[0].index("OS") == lines[2].index("Debian")

@@ -1,0 +1,62 @@
+"""Rendering of the host-tuning files and the /dev/shm rule."""
+
+import runpy
+
+import pytest
+
+from deploys import host_tuning
+from deploys.host_tuning import render_fabric_env, render_limits, render_systemd_defaults, shm_problem
+from deploys.schema import HostTuningKeys, NodeConfig
+
+PROFILE_B = {k: v for k, v in runpy.run_path("inventories/group_data/gb10_dspark.py").items() if not k.startswith("__")}
+
+
+def cfg(**changes) -> NodeConfig:
+    return NodeConfig.model_validate({**PROFILE_B, "node_rank": 0, "tensor_parallel_size": 1, **changes})
+
+
+def _entries(text):
+    return {tuple(line.split()[:3]): line.split()[3] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_limits_cover_users_and_root_in_kib():
+    entries = _entries(render_limits(cfg()))
+    assert len(entries) == 12
+    for domain in ("*", "root"):
+        for kind in ("soft", "hard"):
+            assert entries[(domain, kind, "memlock")] == "unlimited"
+            assert entries[(domain, kind, "nofile")] == "1048576"
+            assert entries[(domain, kind, "stack")] == "65536"  # 64 MiB in KiB
+
+
+def test_finite_memlock_is_converted_per_file():
+    c = cfg(limits_memlock=2**30)
+    assert _entries(render_limits(c))[("*", "hard", "memlock")] == str(2**20)
+    assert "DefaultLimitMEMLOCK=1073741824\n" in render_systemd_defaults(c)
+
+
+def test_systemd_defaults_in_bytes():
+    text = render_systemd_defaults(cfg())
+    assert "[Manager]\nDefaultLimitMEMLOCK=infinity\nDefaultLimitNOFILE=1048576\nDefaultLimitSTACK=67108864\n" in text
+
+
+def test_fabric_env_is_sorted_key_value_lines():
+    lines = [line for line in render_fabric_env(cfg()).splitlines() if not line.startswith("#")]
+    assert lines == ["UCX_MEM_MMAP_HOOK_MODE=none", "UCX_RCACHE_MAX_UNRELEASED=1024"]
+    single = render_fabric_env(cfg(fabric_env={}))
+    assert all(line.startswith("#") for line in single.splitlines())
+
+
+@pytest.mark.parametrize("have,need,bad", [(9 * 2**30, 9 * 2**30, False), (9 * 2**30 - 1, 9 * 2**30, True)])
+def test_shm_problem_boundary(have, need, bad):
+    problem = shm_problem(have, need, "kv")
+    assert (problem is not None) == bad
+    if bad:
+        assert "kv needs 9.0 GiB" in problem
+
+
+def test_deploy_defaults_are_the_schema_defaults():
+    assert host_tuning.DEFAULTS == {
+        name: field.default for name, field in HostTuningKeys.model_fields.items() if not field.is_required()
+    }
+    assert host_tuning.DEFAULTS["limits_nofile"] == 1048576

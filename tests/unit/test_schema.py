@@ -1,0 +1,172 @@
+"""The typed inventory: the reference inventories validate; bad input names host, key, value."""
+
+from __future__ import annotations
+
+import copy
+import runpy
+
+import pytest
+
+from deploys.inventory import load_inventory
+from deploys.schema import InventoryValidationError, validate_hosts, validate_inventory
+
+PROFILE_A = {k: v for k, v in runpy.run_path("inventories/group_data/rtx_pro_6000_pair.py").items() if not k.startswith("__")}
+PROFILE_B = {k: v for k, v in runpy.run_path("inventories/group_data/gb10_dspark.py").items() if not k.startswith("__")}
+
+
+def node_a(**changes):
+    data = copy.deepcopy(PROFILE_A)
+    data.update(ssh_hostname="192.0.2.10", _sudo=True)
+    for key, value in changes.items():
+        if value is DELETE:
+            data.pop(key)
+        else:
+            data[key] = value
+    return {"node-a": data}
+
+
+def pair_b(b0: dict, b1: dict):
+    out = {}
+    for name, extra in (("node-b0", b0), ("node-b1", b1)):
+        data = copy.deepcopy(PROFILE_B)
+        data.update(extra)
+        out[name] = data
+    return out
+
+
+DELETE = object()
+HEAD = {"node_rank": 0, "fabric_address": "198.51.100.20"}
+WORKER = {"node_rank": 1, "fabric_address": "198.51.100.21"}
+
+
+def test_lab_inventory_is_valid_and_has_the_three_reference_groups():
+    inv = load_inventory("inventories/lab.py")
+    configs = validate_inventory(inv)
+    groups = {g: [h.name for h in inv.get_group(g)] for g in ("rtx_pro_6000_pair", "gb10_dspark", "gb10_mtp")}
+    assert [len(v) for v in groups.values()] == [1, 2, 2]
+    a = configs[groups["rtx_pro_6000_pair"][0]]
+    assert (a.tensor_parallel_size, a.gpu_indices, a.container_ipc_host, a.container_shm_size) == (2, [0, 1], True, None)
+    assert a.image_ref.endswith("@sha256:64b94299abdd3bcf5bb5050ca91b378f9ee4e0b0eff4748375b95352371d7cb2")
+    assert a.snapshot_dir == (
+        "/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731/snapshots/7872f01b1d1fe23eabc4c98b48bffcef5a386062"
+    )
+    b_ranks = sorted(configs[n].node_rank for n in groups["gb10_dspark"])
+    assert b_ranks == [0, 1]
+    assert configs[groups["gb10_dspark"][0]].fabric_env["UCX_MEM_MMAP_HOOK_MODE"] == "none"
+    for host in inv:
+        assert host.data.ssh_strict_host_key_checking == "yes", "real inventories check host keys"
+        assert str(host.data.ssh_hostname).startswith("192.0.2."), "documentation addresses only"
+
+
+def test_sandbox_inventory_is_valid():
+    configs = validate_inventory(load_inventory("inventories/sandbox.py"))
+    assert sorted(configs) == ["sandbox-a", "sandbox-b0", "sandbox-b1"]
+
+
+# Where a rule is about two keys, the problem is reported on the key to change.
+REPORTED_AS = {("api_bind_address", "0.0.0.0"): "api_protected_by", ("tensor_parallel_size", 4): "service_env"}
+
+BAD_SINGLE = [
+    ("model_revision", "main", "40-hex commit"),
+    ("model_revision", "7872F01B1D1FE23EABC4C98B48BFFCEF5A386062", "40-hex commit"),
+    ("model_revision", "7872f01b", "40-hex commit"),
+    ("image_digest", None, "pinned digest"),
+    ("image_digest", "sha256:abc", "64 lower-case hex"),
+    ("image", "registry.home.arpa/vllm@sha256:" + "a" * 64, "without '@digest'"),
+    ("model_root", "data/hf", "absolute path"),
+    ("jit_cache_dir", "/mnt/data/../etc", "absolute path"),
+    ("container_shm_size", "16g", "container_ipc_host"),
+    ("gpu_indices", [0, 0], "unique GPU indices"),
+    ("gpu_indices", [], "at least one GPU"),
+    ("gpu_indices", [-1, 0], "non-negative"),
+    ("tensor_parallel_size", 4, "TP_SIZE equal to tensor_parallel_size (4)"),
+    ("node_arch", "arm64", "'x86_64' or 'aarch64'"),
+    ("api_bind_address", "0.0.0.0", "authenticating proxy"),
+    ("api_bind_address", "localhost", "an IP address"),
+    ("api_port", 70000, "less than or equal to 65535"),
+    ("fabric_env", {"NCCL_IB_GID_INDEX": "3"}, "read from sysfs"),
+    ("fabric_env", {"LD_PRELOAD": "/x.so"}, "only UCX_* and NCCL_*"),
+    ("kv_offload_gib", 4, "KV_OFFLOADING_SIZE=8"),
+    ("limits_nofile", 10, "greater than or equal to 1024"),
+    ("limits_memlock", 100, "at least 65536"),
+    ("model_repo", "not a repo", "a value matching"),
+    ("service_env", {"TP_SIZE": "4", "KV_OFFLOADING_SIZE": "8"}, "TP_SIZE equal to tensor_parallel_size"),
+    ("service_env", {"BAD NAME": "x"}, "environment variable name"),
+    ("fabric_address", "spark-b0", "IPv4 or IPv6"),
+    ("cluster_name", "Has Spaces", "a value matching"),
+]
+
+
+@pytest.mark.parametrize("key,value,expected", BAD_SINGLE, ids=[f"{k}={v!r}"[:60] for k, v, _ in BAD_SINGLE])
+def test_bad_value_names_host_key_value_and_expectation(key, value, expected):
+    if key == "image_digest" and value is None:
+        data = node_a(image_digest=None)
+    else:
+        data = node_a(**{key: value})
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(data)
+    msg = str(err.value)
+    hashable = not isinstance(value, (dict, list))
+    reported = REPORTED_AS.get((key, value), key) if hashable else key
+    assert "host node-a" in msg
+    assert f"key '{reported}" in msg
+    assert expected in msg
+    if reported == key and key != "service_env":
+        shown = repr(next(iter(value))) if isinstance(value, dict) else repr(value)
+        assert shown in msg
+    assert "nothing was changed on any host" in msg
+
+
+def test_missing_required_key_and_typo_are_named():
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(model_repo=DELETE, model_revison="7872f01b1d1fe23eabc4c98b48bffcef5a386062"))
+    msg = str(err.value)
+    assert "host node-a: key 'model_repo' = <missing>: expected a value (hub repository id" in msg
+    assert "host node-a: key 'model_revison'" in msg and "no such key" in msg
+
+
+def test_every_field_problem_is_reported_at_once():
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts({**node_a(node_arch="sparc"), **{"node-x": node_a(model_root="rel")["node-a"]}})
+    problems = {(p.host, p.key) for p in err.value.problems}
+    assert {("node-a", "node_arch"), ("node-x", "model_root")} <= problems
+
+
+def test_pyinfra_connector_keys_are_not_schema_errors():
+    data = node_a(ssh_port=2222, ssh_strict_host_key_checking="yes", _sudo=True, _env={"A": "1"})
+    assert validate_hosts(data)["node-a"].cluster_name == "rtx-pro-6000-pair"
+
+
+BAD_CLUSTER = [
+    ("two heads", {"node_rank": 0, "fabric_address": "198.51.100.20"}, {"node_rank": 0, "fabric_address": "198.51.100.21"},
+     "node_rank", "unique in cluster gb10-dspark"),
+    ("no head", {"node_rank": 1, "fabric_address": "198.51.100.20"}, {"node_rank": 2, "fabric_address": "198.51.100.21"},
+     "node_rank", "a rank in 0..1"),
+    ("missing fabric address", HEAD, {"node_rank": 1}, "fabric_address", "spans 2 nodes"),
+    ("same fabric address", HEAD, {"node_rank": 1, "fabric_address": "198.51.100.20"}, "fabric_address", "unique in cluster"),
+    ("tp too small", {**HEAD, "tensor_parallel_size": 1}, {**WORKER, "tensor_parallel_size": 1},
+     "tensor_parallel_size", "2 = 1 GPU(s) per node × 2 node(s)"),
+    ("revision differs", HEAD, {**WORKER, "model_revision": "7872f01b1d1fe23eabc4c98b48bffcef5a386062"},
+     "model_revision", "same value on every node"),
+]
+
+
+@pytest.mark.parametrize("b0,b1,key,expected", [c[1:] for c in BAD_CLUSTER], ids=[c[0] for c in BAD_CLUSTER])
+def test_cluster_rules_name_host_and_key(b0, b1, key, expected):
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(pair_b(b0, b1))
+    msg = str(err.value)
+    assert f"key '{key}'" in msg and expected in msg
+    assert "host node-b0" in msg or "host node-b1" in msg
+
+
+def test_single_node_tp_must_match_its_gpus():
+    data = node_a(tensor_parallel_size=4, service_env={**PROFILE_A["service_env"], "TP_SIZE": "4"})
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(data)
+    assert "key 'tensor_parallel_size' = 4: expected 2 = 2 GPU(s) per node × 1 node(s)" in str(err.value)
+
+
+def test_valid_pair_passes():
+    configs = validate_hosts(pair_b(HEAD, WORKER))
+    assert [configs[n].node_rank for n in ("node-b0", "node-b1")] == [0, 1]
