@@ -28,7 +28,7 @@ unit: venv
 
 # Boot the sandbox nodes, converge them with the real entry point, audit them; leaves them running.
 demo: venv sandbox-deps
-	$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port; do $(NODE_SH) up "$$name" "$$port" || exit 1; done
+	$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port; do $(NODE_SH) up "$$name" "$$port" </dev/null || exit 1; done
 	$(BIN)/pyinfra -y $(SANDBOX_INVENTORY) deploys/all.py
 	AUDIT_INVENTORY=$(SANDBOX_INVENTORY) $(BIN)/python -m pytest -q tests/audit
 	@echo

@@ -113,12 +113,12 @@ SUP
   echo $! > "$run/pid"
   write_sshcfg
   local t0=$SECONDS
-  until ssh -F "$SSHCFG" -o ConnectTimeout=2 "$name" 'systemctl is-system-running --wait >/dev/null 2>&1; true' 2>/dev/null; do
+  until ssh -n -F "$SSHCFG" -o ConnectTimeout=2 "$name" 'systemctl is-system-running --wait >/dev/null 2>&1; true' 2>/dev/null; do
     running "$name" || { log "nspawn for $name died:"; cat "$run/console.log" >&2; return 1; }
     (( SECONDS - t0 > 120 )) && { log "timeout waiting for sshd on $name"; return 1; }
     sleep 0.3
   done
-  log "$name up on 127.0.0.1:$port after $((SECONDS - t0)) s ($(ssh -F "$SSHCFG" "$name" systemctl is-system-running || true))"
+  log "$name up on 127.0.0.1:$port after $((SECONDS - t0)) s ($(ssh -n -F "$SSHCFG" "$name" systemctl is-system-running || true))"
 }
 
 cgprocs() { [ -d "$1" ] && find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null; true; }
