@@ -1,8 +1,8 @@
 """Preflight: read-only facts per host, one table per run, and a stop before anything changes.
 
 Refuses what the profile cannot run on: a wrong CPU architecture, too little free disk for the part of
-the model still missing, a /dev/shm too small for the KV offload. GPUs stay empty until the driver
-component adds its fact.
+the model still missing, a /dev/shm too small for the KV offload, a GPU index the inventory names that
+nvidia-smi does not list. A reboot-required driver is shown, not refused: the driver component handles it.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from deploys.host_tuning import shm_problem, shm_reason
 from deploys.inventory import node_config
 from deploys.schema import NodeConfig
 from facts.host import MountSizeBytes, NodeResources
+from facts.nvidia import NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, driver_state
 
 DEFAULTS: dict = {}  # reads cluster, model and host-tuning keys; sets none itself
 
 ARCH_ALIASES = {"arm64": "aarch64", "amd64": "x86_64"}
 COLUMNS = ("host", "cluster/rank", "OS", "arch", "kernel", "CPUs", "RAM", "free disk (model path)",
-           "/dev/shm", "GPUs", "Podman", "RDMA")
+           "/dev/shm", "GPUs", "driver", "Podman", "RDMA")
 
 
 class PreflightError(DeployError):
@@ -42,9 +43,18 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int) -> list[str]:
+def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = None) -> list[str]:
     """What stops this host from running its profile (empty when it can)."""
     out = []
+    gpus = (smi or {}).get("gpus") or []
+    if gpus:  # only checkable once a driver answers; the driver component installs one otherwise
+        present = {g["index"] for g in gpus}
+        missing = [i for i in cfg.gpu_indices if i not in present]
+        if missing:
+            out.append(
+                f"GPU index {', '.join(map(str, missing))} not present (gpu_indices {cfg.gpu_indices}; "
+                f"nvidia-smi lists {sorted(present)})"
+            )
     arch = ARCH_ALIASES.get(res["arch"], res["arch"])
     if arch != cfg.node_arch:
         out.append(f"arch is {res['arch']}, the profile needs {cfg.node_arch} (node_arch)")
@@ -60,11 +70,33 @@ def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int) -> list[str]:
     return out
 
 
-def row_for(name: str, cfg: NodeConfig, res: dict, shm_bytes: int) -> list[str]:
+def gpu_column(smi: dict, mem_bytes: int) -> str:
+    """'2x NVIDIA H200 140.4 GiB cc9.0'; unified memory ([N/A], GB10) shows the host's RAM instead."""
+    gpus = smi.get("gpus") or []
+    if not gpus:
+        return f"({smi['error'][:40]})" if smi.get("error") else "-"
+    kinds: dict[str, int] = {}
+    for g in gpus:
+        memory = f"{g['memory_mib'] / 1024:.1f} GiB" if g["memory_mib"] is not None else f"unified {_gib(mem_bytes)}"
+        label = f"{g['name']} {memory} cc{g['compute_cap'] or '?'}"
+        kinds[label] = kinds.get(label, 0) + 1
+    return ", ".join(f"{n}x {label}" for label, n in kinds.items())
+
+
+def driver_column(state: dict) -> str:
+    if state["state"] == "not_installed":
+        return "-"
+    text = f"{state['loaded'] or state['installed']} {state['flavour'] or ''}".strip()
+    return text if state["state"] in ("ok", "module_only") else f"{text} (REBOOT REQUIRED: {state['reason']})"
+
+
+def row_for(name: str, cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = None,
+            state: dict | None = None) -> list[str]:
     return [
         name, f"{cfg.cluster_name}/{cfg.node_rank}", res.get("os", "?"), res["arch"], res.get("kernel", "?"),
         str(res["cpus"]), _gib(res["mem_bytes"]), f"{_gib(res['disk_free_bytes'])} ({res['disk_path']})",
-        _gib(shm_bytes), "-", res["podman"] or "-", ",".join(res["rdma"]) or "-",
+        _gib(shm_bytes), gpu_column(smi or {}, res["mem_bytes"]), driver_column(state or {"state": "not_installed"}),
+        res["podman"] or "-", ",".join(res["rdma"]) or "-",
     ]
 
 
@@ -80,10 +112,12 @@ def preflight():
     cfg = node_config()
     res = host.get_fact(NodeResources, model_root=cfg.model_root, snapshot_dir=cfg.snapshot_dir)
     shm_bytes = host.get_fact(MountSizeBytes, path="/dev/shm")
+    smi = host.get_fact(NvidiaSmiGpus)
+    state = driver_state(host.get_fact(NvidiaDriverPackages), host.get_fact(NvidiaKernelModule, root=cfg.nvidia_module_root))
 
     run = _RUNS.setdefault(id(host.state), _Run())
-    run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes)
-    run.problems[host.name] = problems_for(cfg, res, shm_bytes)
+    run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes, smi, state)
+    run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi)
     active = [h.name for h in host.state.inventory.get_active_hosts()]
     if not set(active) <= set(run.rows):
         return

@@ -38,9 +38,9 @@ def sandbox():
         pytest.skip(reason)
     nodes = sandbox_nodes(INVENTORY)
     try:
-        for name, port in nodes:
-            subprocess.run([NODE_SH, "up", name, str(port)], check=True)
-        yield [name for name, _ in nodes]
+        for name, port, gpus in nodes:
+            subprocess.run([NODE_SH, "up", name, str(port), str(gpus)], check=True)
+        yield [name for name, _, _ in nodes]
     finally:
         subprocess.run([NODE_SH, "down-all"], check=False)
 

@@ -4,7 +4,9 @@
 #
 #   node.sh deps                  install the host packages the harness needs
 #   node.sh build                 build (or reuse) the cached rootfs tarball
-#   node.sh up NAME PORT          boot a fresh node from the tarball (idempotent while it runs)
+#   node.sh up NAME PORT [GPUS]   boot a fresh node from the tarball (idempotent while it runs); GPUS =
+#                                 how many stand-in GPUs its stand-in nvidia-smi lists (default 1)
+#   node.sh standins              build the signed stand-in NVIDIA apt repo and serve it on 127.0.0.1:8801
 #   node.sh down NAME             halt it (SIGKILL of its cgroup as fallback) and delete its rootfs
 #   node.sh down-all              every node this harness started
 #   node.sh ssh NAME [cmd...]     a root shell on the node
@@ -20,11 +22,91 @@ SSHCFG=$SANDBOX_DIR/ssh/config
 SHM_SIZE=${SANDBOX_SHM_SIZE:-16g}
 log() { printf '[sandbox] %s\n' "$*" >&2; }
 
+REPO=$SANDBOX_DIR/standin-repo
+REPO_PORT=8801
+
 deps() {
-  if ! command -v mmdebstrap >/dev/null || ! command -v systemd-nspawn >/dev/null || ! command -v ssh >/dev/null; then
+  local c missing=0
+  for c in mmdebstrap systemd-nspawn ssh gpg apt-ftparchive dpkg-scanpackages; do command -v $c >/dev/null || missing=1; done
+  if [ $missing = 1 ]; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap systemd-container openssh-client >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap systemd-container openssh-client gpg \
+      apt-utils dpkg-dev >/dev/null
   fi
+}
+
+# --- stand-ins for NVIDIA's apt repo (what the deploy sees through inventory data alone) -------------
+mkdeb() {  # name version depends [path content]
+  local w=$1 name=$2 version=$3 depends=$4 d
+  d=$w/${name}_$version; mkdir -p "$d/DEBIAN" "$d/usr/share/doc/$name"
+  { echo "Package: $name"; echo "Version: $version"; echo "Architecture: all"
+    echo "Maintainer: inference-nodes sandbox <sandbox@localhost>"
+    [ -n "$depends" ] && echo "Depends: $depends"
+    echo "Description: sandbox stand-in for NVIDIA's $name $version"; } > "$d/DEBIAN/control"
+  echo "$name $version (stand-in)" > "$d/usr/share/doc/$name/VERSION"
+  if [ $# -ge 6 ]; then mkdir -p "$d$(dirname "$5")"; printf '%s\n' "$6" > "$d$5"; chmod 755 "$d$5"; fi
+  dpkg-deb --root-owner-group -Zgzip -b "$d" "$w/out/${name}_${version}_all.deb" >/dev/null
+}
+
+# nvidia-smi stand-in: answers from the stand-in module state like the real one (mismatch, no driver, GPUs).
+SMI='#!/bin/sh
+mine=@VERSION@
+loaded=$(cat /run/stand-in-gpu/sys/module/nvidia/version 2>/dev/null)
+if [ -z "$loaded" ]; then echo "NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver."; exit 9; fi
+if [ "$loaded" != "$mine" ]; then echo "Failed to initialize NVML: Driver/library version mismatch"; echo "NVML library version: $mine"; exit 18; fi
+n=$(cat /etc/stand-in-gpus 2>/dev/null || echo 1)
+fields=""
+for a in "$@"; do case $a in --query-gpu=*) fields=$(echo "${a#--query-gpu=}" | tr , " ");; esac; done
+[ -n "$fields" ] || { echo "stand-in nvidia-smi $mine: $n GPU(s)"; exit 0; }
+i=0
+while [ $i -lt $n ]; do
+  row=""
+  for f in $fields; do
+    case $f in
+      index) v=$i;; name) v="NVIDIA RTX PRO 6000 Blackwell Stand-in";; uuid) v=GPU-5a4d0000-0000-4000-8000-00000000000$i;;
+      memory.total) v=97887;; compute_cap) v=12.0;; pci.bus_id) v=00000000:0$((i+1)):00.0;; driver_version) v=$mine;;
+      *) v="[N/A]";;
+    esac
+    row="${row:+$row, }$v"
+  done
+  echo "$row"; i=$((i+1))
+done'
+
+standins() {
+  local arch dir w key
+  arch=$(uname -m); [ "$arch" = aarch64 ] && arch=sbsa
+  dir=$REPO/cuda/repos/debian13/$arch            # the path NVIDIA's repo uses: <distro>/<arch>/
+  if [ ! -s "$dir/InRelease" ]; then
+    rm -rf "$REPO"; mkdir -p "$dir"; w=$(mktemp -d); mkdir "$w/out"
+    for v in 580.95.05-1 590.44.01-1; do
+      u=${v%-*}
+      mkdeb "$w" libnvidia-compute "$v" ""
+      mkdeb "$w" nvidia-kernel-open "$v" "" /usr/lib/stand-in-nvidia/module-version "$u"
+      mkdeb "$w" nvidia-utils "$v" "libnvidia-compute (= $v)" /usr/bin/nvidia-smi "${SMI//@VERSION@/$u}"
+      mkdeb "$w" nvidia-open "$v" "libnvidia-compute (= $v), nvidia-kernel-open (= $v), nvidia-utils (= $v)"
+      mkdeb "$w" "nvidia-driver-pinning-${u%%.*}" "$v" ""
+    done
+    cp "$w"/out/*.deb "$dir/"; rm -rf "$w"
+    (cd "$dir" && dpkg-scanpackages --multiversion . /dev/null > Packages 2>/dev/null && gzip -9k Packages \
+       && apt-ftparchive release . > Release)
+    export GNUPGHOME=$SANDBOX_DIR/gnupg; rm -rf "$GNUPGHOME"; mkdir -m700 "$GNUPGHOME"
+    gpg -q --batch --passphrase '' --quick-gen-key 'inference-nodes sandbox repo <sandbox@localhost>' ed25519 sign never 2>/dev/null
+    key=$(gpg --batch --with-colons --list-keys | awk -F: '$1=="fpr" {print $10; exit}')
+    gpg -q --batch --armor --export "$key" > "$REPO/standin-key.asc" 2>/dev/null
+    gpg -q --batch --yes --clearsign -u "$key" -o "$dir/InRelease" "$dir/Release" 2>/dev/null
+    echo "$key" > "$REPO/fingerprint"
+    log "stand-in NVIDIA repo built: $dir (key $key)"
+  fi
+  local pid; pid=$(cat "$SANDBOX_DIR/repo-server.pid" 2>/dev/null || true)
+  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+    setsid python3 -m http.server --bind 127.0.0.1 --directory "$REPO" "$REPO_PORT" </dev/null >"$SANDBOX_DIR/repo-server.log" 2>&1 &
+    echo $! > "$SANDBOX_DIR/repo-server.pid"
+  fi
+}
+
+stop_standins() {
+  local pid; pid=$(cat "$SANDBOX_DIR/repo-server.pid" 2>/dev/null || true)
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -f "$SANDBOX_DIR/repo-server.pid"; true
 }
 
 build() {
@@ -70,9 +152,9 @@ CFG
 running() { local pid; pid=$(cat "$SANDBOX_DIR/run/$1/pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null; }
 
 up() {
-  local name=$1 port=$2 run=$SANDBOX_DIR/run/$1 root=$SANDBOX_DIR/nodes/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
+  local name=$1 port=$2 gpus=${3:-1} run=$SANDBOX_DIR/run/$1 root=$SANDBOX_DIR/nodes/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
   if running "$name"; then log "$name already running"; return; fi
-  deps; build; sshkey
+  deps; build; sshkey; standins
   rm -rf "$root" "$run"; mkdir -p "$root" "$run"
   tar -C "$root" -xf "$TAR"
   echo "$name" > "$root/etc/hostname"
@@ -83,6 +165,19 @@ up() {
   mkdir -p "$root/etc/containers/containers.conf.d"
   printf '[containers]\npids_limit = 0\n' > "$root/etc/containers/containers.conf.d/90-sandbox.conf"
   echo "$port" > "$run/port"
+  # Stand-in GPU hardware: how many GPUs the stand-in nvidia-smi lists, and a boot unit that "loads" the
+  # installed stand-in kernel module (its version) into /run, so a driver change needs a real reboot.
+  echo "$gpus" > "$root/etc/stand-in-gpus"
+  cat > "$root/etc/systemd/system/stand-in-nvidia-module.service" <<'UNIT'
+[Unit]
+Description=Sandbox stand-in: load the installed nvidia kernel module at boot
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c 'v=$(cat /usr/lib/stand-in-nvidia/module-version 2>/dev/null) || exit 0; mkdir -p /run/stand-in-gpu/sys/module/nvidia /run/stand-in-gpu/proc/driver/nvidia; echo "$v" > /run/stand-in-gpu/sys/module/nvidia/version; echo "NVRM version: NVIDIA UNIX Open Kernel Module for $(uname -m)  $v  Release Build  (stand-in)" > /run/stand-in-gpu/proc/driver/nvidia/version'
+[Install]
+WantedBy=multi-user.target
+UNIT
+  ln -sf /etc/systemd/system/stand-in-nvidia-module.service "$root/etc/systemd/system/multi-user.target.wants/"
   # The supervisor joins a cgroup of its own (two nodes must not share the root one), restarts nspawn when
   # the node reboots (exit 133) and gives every boot a fresh time namespace so /proc/uptime restarts at 0
   # (pyinfra's server.reboot waits for uptime to go down).
@@ -140,14 +235,15 @@ down() {
   log "$name down"
 }
 
-down_all() { local d; for d in "$SANDBOX_DIR"/run/*/; do [ -d "$d" ] && down "$(basename "$d")"; done; true; }
+down_all() { local d; for d in "$SANDBOX_DIR"/run/*/; do [ -d "$d" ] && down "$(basename "$d")"; done; stop_standins; }
 
 case ${1:-} in
   deps) deps ;;
   build) deps; build ;;
-  up) [ $# -eq 3 ] || { echo "usage: $0 up NAME PORT" >&2; exit 2; }; up "$2" "$3" ;;
+  up) [ $# -ge 3 ] || { echo "usage: $0 up NAME PORT [GPUS]" >&2; exit 2; }; up "$2" "$3" "${4:-1}" ;;
+  standins) deps; standins ;;
   down) [ $# -eq 2 ] || { echo "usage: $0 down NAME" >&2; exit 2; }; down "$2" ;;
   down-all) down_all ;;
   ssh) shift; name=$1; shift; exec ssh -F "$SSHCFG" "$name" "$@" ;;
-  *) echo "usage: $0 deps|build|up NAME PORT|down NAME|down-all|ssh NAME [cmd]" >&2; exit 2 ;;
+  *) echo "usage: $0 deps|build|standins|up NAME PORT [GPUS]|down NAME|down-all|ssh NAME [cmd]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,295 @@
+"""NVIDIA driver: install the 580 branch from one source, hold it three ways, and prove the loaded
+kernel module is the installed driver (or reboot / stop the host, by inventory choice).
+
+Held three ways because each alone has failed someone: NVIDIA's branch pinning package (from 590 on the
+driver packages drop the branch from their names), an apt preferences file that gives the branch 1001
+and every other driver branch -1, and `apt-mark hold` on the installed set. Unattended upgrades are
+told to leave NVIDIA/CUDA driver packages alone (the GB10 write-up's 590 broke unified memory).
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.facts.server import Arch, OsRelease
+from pyinfra.operations import apt, files, server
+from pyinfra.operations.util import any_changed
+
+from deploys.inventory import node_config
+from deploys.schema import NodeConfig, NvidiaDriverKeys, defaults_of
+from facts.nvidia import DRIVER_VERSION, KeyringFingerprints, NvidiaDriverPackages, NvidiaKernelModule, driver_state
+
+DEFAULTS = defaults_of(NvidiaDriverKeys)  # keys, defaults and meanings: README "Inventory keys"
+
+PIN_FILE = "/etc/apt/preferences.d/90-inference-nodes-nvidia-driver"
+UNATTENDED_FILE = "/etc/apt/apt.conf.d/51inference-nodes-nvidia-driver"
+SOURCE_FILE = "/etc/apt/sources.list.d/inference-nodes-nvidia-cuda.sources"
+KEYRING = "/etc/apt/keyrings/inference-nodes-nvidia-cuda.gpg"
+NOUVEAU_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
+HEADER = "# Managed by inference-nodes (deploys/nvidia_driver.py); local edits are overwritten.\n"
+DRIVER_GLOBS = "nvidia-* libnvidia-* cuda-drivers* xserver-xorg-video-nvidia*"
+
+
+def render_apt_pin(branch: str) -> str:
+    """First matching record wins per version: the branch at 1001, any other driver branch never.
+
+    Other-branch versions are recognised by a three-digit major (590.44.01-1); the container toolkit
+    (nvidia-container-toolkit 1.x, libnvidia-container1 1.x) shares the name prefixes and is untouched.
+    """
+    return (
+        f"{HEADER}"
+        f"Package: {DRIVER_GLOBS}\nPin: version {branch}.*\nPin-Priority: 1001\n\n"
+        f"Package: {DRIVER_GLOBS}\nPin: version /^([0-9]+:)?[0-9][0-9][0-9][.]/\nPin-Priority: -1\n"
+    )
+
+
+def render_unattended_blacklist(cfg: NvidiaDriverKeys) -> str:
+    patterns = ["nvidia-", "libnvidia-", "cuda-drivers"]
+    if cfg.nvidia_kernel_hold:
+        patterns.append("linux-")
+    body = "".join(f'    "{p}";\n' for p in patterns)
+    return f"{HEADER}Unattended-Upgrade::Package-Blacklist {{\n{body}}};\n"
+
+
+def cuda_repo_path(os_release: dict, arch: str) -> str:
+    """'ubuntu2404/x86_64' or 'ubuntu2404/sbsa' (NVIDIA's name for arm64 servers, GB10 included)."""
+    distro = f"{os_release.get('id', '')}{os_release.get('version_id', '').replace('.', '')}"
+    return f"{distro}/{'sbsa' if arch in ('aarch64', 'arm64') else arch}"
+
+
+def render_cuda_source(cfg: NvidiaDriverKeys, repo_path: str) -> str:
+    return (
+        f"{HEADER}Types: deb\nURIs: {cfg.nvidia_repo_url.rstrip('/')}/{repo_path}/\nSuites: /\n"
+        f"Signed-By: {KEYRING}\n"
+    )
+
+
+def _log_and_fail(state, host, message: str) -> bool:
+    host.log_styled(message, fg="red", log_func=logger.error)
+    return False
+
+
+def fail_host(message: str) -> FunctionCommand:
+    """A command that fails this host alone, with ``message`` (raising in an operation aborts every host)."""
+    return FunctionCommand(_log_and_fail, (message,), {})
+
+
+def other_branch_packages(packages: dict, branch: str) -> dict[str, str]:
+    """Installed driver packages of another branch (name -> version)."""
+    out = {}
+    for name, version in packages.get("installed", {}).items():
+        m = DRIVER_VERSION.match(version)
+        if m and m["branch"] != branch:
+            out[name] = version
+    return out
+
+
+@operation()
+def keyring_verified(url: str, fingerprint: str, dest: str):
+    """Fetch an apt signing key on the node, refuse it unless it has ``fingerprint``, store it dearmored.
+
+    + url: where the key is published (https:// or file://)
+    + fingerprint: the full 40-hex fingerprint it must carry
+    + dest: keyring path for ``Signed-By:``
+    """
+    if fingerprint in host.get_fact(KeyringFingerprints, path=dest):
+        host.noop(f"{dest} holds key {fingerprint}")
+        return
+    script = (
+        'set -e; t=$(mktemp); trap \'rm -f "$t" "$t.gpg"\' EXIT; curl -fsSL "$1" -o "$t"; '
+        'if ! gpg --show-keys --with-colons "$t" 2>/dev/null | grep -q "^fpr:*$2:"; then '
+        'echo "key at $1 does not have fingerprint $2: refused" >&2; exit 1; fi; '
+        'if grep -q "BEGIN PGP PUBLIC KEY" "$t"; then gpg --dearmor < "$t" > "$t.gpg"; else cp "$t" "$t.gpg"; fi; '
+        'install -D -m 0644 "$t.gpg" "$3"'
+    )
+    yield StringCommand("sh", "-c", QuoteString(script), "keyring", QuoteString(url), QuoteString(fingerprint),
+                        QuoteString(dest))
+
+
+@operation()
+def branch_allowed(branch: str, allow_change: bool):
+    """Refuse a host whose installed or loaded driver is another branch, unless ``allow_change``.
+
+    + branch: the branch the inventory asks for
+    + allow_change: move the host instead of refusing it
+    """
+    cfg = node_config()
+    packages = host.get_fact(NvidiaDriverPackages)
+    module = host.get_fact(NvidiaKernelModule, root=cfg.nvidia_module_root)
+    others = other_branch_packages(packages, branch)
+    found = [f"{n} {v}" for n, v in sorted(others.items())]
+    loaded = module.get("version")
+    if loaded and not loaded.startswith(f"{branch}."):
+        found.append(f"loaded kernel module {loaded}")
+    if not found:
+        host.noop(f"no driver branch other than {branch} on the host")
+        return
+    if not allow_change:
+        yield fail_host(
+            f"{host.name} runs another driver branch ({', '.join(found)}); the inventory asks for {branch}. "
+            "Set allow_driver_change: true to move it (a reboot follows), or fix nvidia_driver_branch."
+        )
+        return
+    if cfg.nvidia_driver_source == "preinstalled":
+        yield fail_host(
+            f"{host.name}: the preinstalled driver is another branch ({', '.join(found)}); source preinstalled "
+            f"installs nothing, so it cannot move it to {branch}"
+        )
+        return
+    logger.warning(f"{host.name}: moving from {', '.join(found)} to branch {branch} (allow_driver_change)")
+    held = sorted(n for n in others if n in packages.get("held", []))
+    if held:
+        yield StringCommand("apt-mark", "unhold", *held)
+    # Packages named after the old branch (nvidia-driver-pinning-590) go; the rest is downgraded by the pin.
+    named = sorted(n for n, v in others.items() if n.endswith(f"-{DRIVER_VERSION.match(v)['branch']}"))
+    if named:
+        yield StringCommand("DEBIAN_FRONTEND=noninteractive", "apt-get", "remove", "-y", *named)
+
+
+@operation()
+def driver_installed(packages: list[str], branch: str):
+    """Install ``packages`` so that every driver package is on ``branch`` (the pin picks the versions).
+
+    + packages: package names to install (no versions)
+    + branch: the driver branch every installed driver package must be on
+    """
+    facts = host.get_fact(NvidiaDriverPackages)
+    installed = facts.get("installed", {})
+    missing = [p for p in packages if p not in installed]
+    off_branch = sorted(other_branch_packages(facts, branch))
+    if not missing and not off_branch:
+        host.noop(f"{', '.join(packages)} installed on branch {branch}")
+        return
+    wanted = sorted(set(packages) | set(off_branch))
+    yield StringCommand(
+        "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "--allow-downgrades",
+        "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold", *wanted,
+    )
+
+
+@operation()
+def driver_held(kernel: str | None = None):
+    """`apt-mark hold` every installed driver package (and the kernel packages of ``kernel``).
+
+    + kernel: a kernel release whose image/modules/headers packages are held too
+    """
+    facts = host.get_fact(NvidiaDriverPackages)
+    wanted = sorted(facts.get("installed", {}))
+    if kernel:
+        kernel_pkgs = [p for p in (f"linux-image-{kernel}", f"linux-modules-{kernel}", f"linux-headers-{kernel}")
+                       if p in facts.get("kernel", {})]
+        if not kernel_pkgs:
+            yield fail_host(f"{host.name}: nvidia_kernel_hold {kernel}: no linux-image-{kernel} installed")
+            return
+        wanted += kernel_pkgs
+    missing = [p for p in wanted if p not in facts.get("held", [])]
+    if not missing:
+        host.noop(f"{len(wanted)} package(s) held")
+        return
+    yield StringCommand("apt-mark", "hold", *missing)
+
+
+def _recheck_after_reboot(state, host, root: str):
+    result = driver_state(host.get_fact(NvidiaDriverPackages), host.get_fact(NvidiaKernelModule, root=root))
+    if result["state"] != "ok":
+        host.log_styled(f"still not usable after the reboot: {result['reason']}", fg="red", log_func=logger.error)
+        return False
+    host.log_styled(f"driver usable after the reboot: {result['reason']}", fg="green", log_func=logger.info)
+    return True
+
+
+@operation()
+def driver_loaded(root: str, allow_reboot: bool, reboot_delay: int = 10):
+    """The loaded kernel module must be the installed userspace driver; else reboot or stop the host.
+
+    + root: where sys/ and proc/ are read
+    + allow_reboot: reboot (then wait and re-check) instead of failing the host
+    + reboot_delay: seconds before reconnecting after the reboot
+    """
+    result = driver_state(host.get_fact(NvidiaDriverPackages), host.get_fact(NvidiaKernelModule, root=root))
+    if result["state"] in ("ok", "module_only"):
+        host.noop(f"driver usable: {result['reason']}")
+        return
+    if result["state"] == "not_installed":
+        yield fail_host(f"{host.name}: no NVIDIA driver is installed or loaded")
+        return
+    if not allow_reboot or host.name == "@local":
+        why = "refusing to reboot the machine pyinfra runs on" if host.name == "@local" else "allow_reboot is false"
+        yield fail_host(
+            f"{host.name}: REBOOT REQUIRED ({result['reason']}; {why}). Stopped before anything that needs "
+            "the GPU: reboot it and rerun"
+        )
+        return
+    logger.warning(f"{host.name}: REBOOT REQUIRED ({result['reason']}); rebooting (allow_reboot)")
+    yield from server.reboot._inner(delay=reboot_delay, interval=1, reboot_timeout=600)
+    yield FunctionCommand(_recheck_after_reboot, (root,), {})
+
+
+@deploy("NVIDIA driver", data_defaults=DEFAULTS)
+def nvidia_driver():
+    cfg: NodeConfig = node_config()
+    branch = cfg.nvidia_driver_branch
+    branch_allowed(
+        name=f"Refuse a host on another driver branch than {branch}",
+        branch=branch,
+        allow_change=cfg.allow_driver_change,
+    )
+    pin = files.put(
+        name=f"Pin driver packages to branch {branch}, refuse other branches",
+        src=StringIO(render_apt_pin(branch)),
+        dest=PIN_FILE,
+        user="root", group="root", mode="0644",
+    )
+    files.put(
+        name="Keep unattended upgrades off the driver",
+        src=StringIO(render_unattended_blacklist(cfg)),
+        dest=UNATTENDED_FILE,
+        user="root", group="root", mode="0644",
+    )
+    if cfg.nvidia_driver_source != "preinstalled":
+        repo_changes = [pin]
+        if cfg.nvidia_driver_source == "cuda_repo":
+            apt.packages(
+                name="Install what fetching and checking the repo key needs",
+                packages=["curl", "gpg", "ca-certificates"],
+                update=True,
+                cache_time=86400,
+            )
+            repo_changes.append(keyring_verified(
+                name="Install NVIDIA's repo key (fingerprint checked)",
+                url=cfg.nvidia_repo_key_url,
+                fingerprint=cfg.nvidia_repo_key_fingerprint,
+                dest=KEYRING,
+            ))
+            repo_path = cuda_repo_path(host.get_fact(OsRelease), host.get_fact(Arch))
+            repo_changes.append(files.put(
+                name=f"Add NVIDIA's CUDA repo ({repo_path})",
+                src=StringIO(render_cuda_source(cfg, repo_path)),
+                dest=SOURCE_FILE,
+                user="root", group="root", mode="0644",
+            ))
+        nouveau = files.put(
+            name="Blacklist nouveau",
+            src=StringIO(f"{HEADER}blacklist nouveau\noptions nouveau modeset=0\n"),
+            dest=NOUVEAU_FILE,
+            user="root", group="root", mode="0644",
+        )
+        server.shell(
+            name="Rebuild the initramfs without nouveau",
+            commands=["if command -v update-initramfs >/dev/null; then update-initramfs -u; fi"],
+            _if=nouveau.did_change,
+        )
+        apt.update(name="Update apt lists after a source or pin change", _if=any_changed(*repo_changes))
+        driver_installed(
+            name=f"Install driver branch {branch}: {', '.join(cfg.driver_packages)}",
+            packages=cfg.driver_packages,
+            branch=branch,
+        )
+    driver_held(name="Hold the installed driver packages", kernel=cfg.nvidia_kernel_hold)
+    driver_loaded(
+        name="Check the loaded kernel module is the installed driver",
+        root=cfg.nvidia_module_root,
+        allow_reboot=cfg.allow_reboot,
+    )

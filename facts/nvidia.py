@@ -1,0 +1,232 @@
+"""Facts about the NVIDIA driver: installed packages and holds, the loaded kernel module, nvidia-smi's GPUs.
+
+Every fact here succeeds on a host without a driver (empty values), and a parse failure is a
+FactProcessError, which fails that host alone. ``driver_state`` combines them into the one answer the
+deploy and the audit need: is the loaded module the installed userspace driver?
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+from pyinfra.api import FactBase
+from pyinfra.api.exceptions import FactProcessError
+
+# Driver packages: their versions start with the branch (580.95.05-1, 580.95.05-0ubuntu0.24.04.2).
+# Toolkit packages share the prefixes (nvidia-container-toolkit, libnvidia-container1) but are 1.x.
+DRIVER_PACKAGE = re.compile(r"^(nvidia-|libnvidia-|cuda-drivers|xserver-xorg-video-nvidia)")
+KERNEL_PACKAGE = re.compile(r"^linux-(image|modules|headers)-[0-9]")
+DRIVER_VERSION = re.compile(r"^(?:\d+:)?(?P<branch>\d{3})\.(?P<rest>[\d.]+)")
+USERSPACE_PACKAGES = ("libnvidia-compute", "nvidia-utils", "nvidia-driver", "nvidia-open", "cuda-drivers")
+_MARK = "##inference-nodes:"
+
+
+def upstream_version(deb_version: str) -> str | None:
+    """'580.95.05-0ubuntu1' -> '580.95.05'; None when the version is not a driver's."""
+    m = DRIVER_VERSION.match(deb_version)
+    return f"{m['branch']}.{m['rest'].rstrip('.')}" if m else None
+
+
+class NvidiaDriverPackages(FactBase[dict]):
+    """Installed driver packages (name -> Debian version), kernel packages, and every apt hold.
+
+    .. code:: python
+
+        {"installed": {"libnvidia-compute-580": "580.95.05-0ubuntu1", "nvidia-open": "580.95.05-1"},
+         "kernel": {"linux-image-6.8.0-87-generic": "6.8.0-87.88"},
+         "held": ["libnvidia-compute-580", "nvidia-open"]}
+    """
+
+    default = dict
+
+    def requires_command(self) -> str:
+        return "dpkg-query"
+
+    def command(self) -> str:
+        return (
+            "dpkg-query -W -f='${db:Status-Abbrev}|${Package}|${Version}\\n' 2>/dev/null || true; "
+            f"echo '{_MARK}holds'; apt-mark showhold 2>/dev/null || true"
+        )
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        installed: dict[str, str] = {}
+        kernel: dict[str, str] = {}
+        held: list[str] = []
+        in_holds = False
+        for line in output:
+            if line.strip() == f"{_MARK}holds":
+                in_holds = True
+            elif in_holds:
+                if line.strip():
+                    held.append(line.strip().split(":")[0])
+            else:
+                parts = line.split("|")
+                if len(parts) != 3:
+                    raise FactProcessError(f"NvidiaDriverPackages: unexpected dpkg-query line {line!r}")
+                status, name, version = (p.strip() for p in parts)
+                name = name.split(":")[0]
+                if status[1:2] != "i":  # second letter: installed ("ii", or "hi" when held)
+                    continue
+                if DRIVER_PACKAGE.match(name) and upstream_version(version):
+                    installed[name] = version
+                elif KERNEL_PACKAGE.match(name):
+                    kernel[name] = version
+        return {"installed": installed, "kernel": kernel, "held": sorted(held)}
+
+
+class NvidiaKernelModule(FactBase[dict]):
+    """The loaded nvidia kernel module: version and flavour (open or proprietary), or not loaded.
+
+    ``root`` is where ``sys/`` and ``proc/`` are read (``/`` on real hosts; the sandbox's stand-in
+    module lives elsewhere). Reads /sys/module/nvidia/version and /proc/driver/nvidia/version.
+    """
+
+    default = dict
+
+    def command(self, root: str = "/") -> str:
+        base = root.rstrip("/")
+        sys_v = shlex.quote(f"{base}/sys/module/nvidia/version")
+        proc_v = shlex.quote(f"{base}/proc/driver/nvidia/version")
+        return (
+            f"echo '{_MARK}sys'; cat {sys_v} 2>/dev/null || true; "
+            f"echo '{_MARK}proc'; cat {proc_v} 2>/dev/null || true"
+        )
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        sections: dict[str, list[str]] = {"sys": [], "proc": []}
+        current = None
+        for line in output:
+            if line.startswith(_MARK):
+                current = line[len(_MARK):].strip()
+                continue
+            if current in sections and line.strip():
+                sections[current].append(line.strip())
+        nvrm = next((line for line in sections["proc"] if line.startswith("NVRM version:")), None)
+        version = sections["sys"][0] if sections["sys"] else None
+        if version is None and nvrm:
+            m = re.search(r"\s(\d{3}\.\d+(?:\.\d+)?)\s", nvrm + " ")
+            version = m.group(1) if m else None
+        if version is not None and not DRIVER_VERSION.match(version):
+            raise FactProcessError(f"NvidiaKernelModule: unexpected module version {version!r}")
+        flavour = None
+        if nvrm:
+            flavour = "open" if "Open Kernel Module" in nvrm else "proprietary"
+        return {"loaded": version is not None, "version": version, "flavour": flavour, "nvrm": nvrm}
+
+
+class KeyringFingerprints(FactBase[list]):
+    """Fingerprints of the keys in an OpenPGP keyring file ([] when absent or unreadable)."""
+
+    default = list
+
+    def command(self, path: str) -> str:
+        q = shlex.quote(path)
+        return (
+            f"if [ -f {q} ] && command -v gpg >/dev/null; then "
+            f"gpg --show-keys --with-colons {q} 2>/dev/null | awk -F: '$1==\"fpr\" {{print $10}}'; fi"
+        )
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip() for line in output if re.fullmatch(r"[0-9A-F]{40}", line.strip())]
+
+
+_SMI_FIELDS = ("index", "name", "uuid", "memory.total", "compute_cap", "pci.bus_id", "driver_version")
+
+
+class NvidiaSmiGpus(FactBase[dict]):
+    """GPUs as nvidia-smi lists them, or the error it printed (e.g. a driver/library mismatch).
+
+    memory_mib is None where nvidia-smi prints [N/A] (GB10's unified memory: use host memory).
+
+    .. code:: python
+
+        {"gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-…", "memory_mib": 143771,
+                   "compute_cap": "9.0", "pci_bus_id": "00000000:18:00.0", "driver_version": "580.159.03"}],
+         "error": None}
+    """
+
+    default = dict
+
+    def requires_command(self) -> str:
+        return "nvidia-smi"
+
+    def command(self) -> str:
+        query = ",".join(_SMI_FIELDS)
+        return (
+            f"out=$(nvidia-smi --query-gpu={query} --format=csv,noheader,nounits 2>&1); rc=$?; "
+            f"echo \"$out\"; echo '{_MARK}rc='$rc"
+        )
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        rc_lines = [line for line in output if line.startswith(f"{_MARK}rc=")]
+        if not rc_lines:
+            raise FactProcessError(f"NvidiaSmiGpus: no exit status in {output!r}")
+        rc = int(rc_lines[-1].split("=", 1)[1])
+        lines = [line for line in output if line.strip() and not line.startswith(_MARK)]
+        if rc != 0:
+            return {"gpus": [], "error": " ".join(lines) or f"nvidia-smi exited {rc}"}
+        gpus = []
+        for line in lines:
+            cols = [c.strip() for c in line.split(",")]
+            if len(cols) != len(_SMI_FIELDS):
+                raise FactProcessError(f"NvidiaSmiGpus: unexpected nvidia-smi line {line!r}")
+            index, name, uuid, memory, cap, bus, driver = cols
+            try:
+                gpus.append({
+                    "index": int(index),
+                    "name": name,
+                    "uuid": uuid,
+                    "memory_mib": None if memory.startswith("[") else int(float(memory)),
+                    "compute_cap": None if cap.startswith("[") else cap,
+                    "pci_bus_id": bus,
+                    "driver_version": driver,
+                })
+            except ValueError as e:
+                raise FactProcessError(f"NvidiaSmiGpus: {e} in {line!r}") from e
+        return {"gpus": gpus, "error": None}
+
+
+def installed_branches(packages: dict) -> set[str]:
+    """Driver branches of the installed driver packages (the pinning package counts for its branch)."""
+    out = set()
+    for name, version in packages.get("installed", {}).items():
+        m = DRIVER_VERSION.match(version)
+        if m:
+            out.add(m["branch"])
+    return out
+
+
+def userspace_version(packages: dict) -> str | None:
+    """Upstream version of the installed userspace driver (libnvidia-compute first)."""
+    installed = packages.get("installed", {})
+    for prefix in USERSPACE_PACKAGES:
+        for name in sorted(installed):
+            if name.startswith(prefix) and not name.startswith("nvidia-driver-pinning"):
+                version = upstream_version(installed[name])
+                if version:
+                    return version
+    return None
+
+
+def driver_state(packages: dict, module: dict) -> dict[str, Any]:
+    """Compare the installed userspace driver with the loaded kernel module.
+
+    state: ``ok`` (equal), ``reboot_required`` (module missing or different), ``not_installed``,
+    or ``module_only`` (a module is loaded but no driver package is installed: preinstalled drivers
+    outside dpkg, as on some appliances).
+    """
+    installed = userspace_version(packages)
+    loaded = module.get("version")
+    if installed is None and loaded is None:
+        state, reason = "not_installed", "no driver package installed and no module loaded"
+    elif installed is None:
+        state, reason = "module_only", f"module {loaded} loaded, no driver package installed"
+    elif loaded is None:
+        state, reason = "reboot_required", f"driver {installed} installed but no nvidia module is loaded"
+    elif loaded != installed:
+        state, reason = "reboot_required", f"module {loaded} loaded, userspace driver {installed} installed"
+    else:
+        state, reason = "ok", f"module {loaded} = userspace {installed}"
+    return {"state": state, "installed": installed, "loaded": loaded, "flavour": module.get("flavour"), "reason": reason}
