@@ -188,16 +188,6 @@ class NvidiaSmiGpus(FactBase[dict]):
         return {"gpus": gpus, "error": None}
 
 
-def installed_branches(packages: dict) -> set[str]:
-    """Driver branches of the installed driver packages (the pinning package counts for its branch)."""
-    out = set()
-    for name, version in packages.get("installed", {}).items():
-        m = DRIVER_VERSION.match(version)
-        if m:
-            out.add(m["branch"])
-    return out
-
-
 def userspace_version(packages: dict) -> str | None:
     """Upstream version of the installed userspace driver (libnvidia-compute first)."""
     installed = packages.get("installed", {})
