@@ -12,14 +12,15 @@ from __future__ import annotations
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.facts.server import Arch, OsRelease
 from pyinfra.operations import apt, files, server
 from pyinfra.operations.util import any_changed
 
 from deploys.inventory import node_config
+from deploys.ops import apt_held, fail_host, keyring_verified
 from deploys.schema import NodeConfig, NvidiaDriverKeys, defaults_of
-from facts.nvidia import DRIVER_VERSION, KeyringFingerprints, NvidiaDriverPackages, NvidiaKernelModule, driver_state
+from facts.nvidia import DRIVER_VERSION, NvidiaDriverPackages, NvidiaKernelModule, driver_state
 
 DEFAULTS = defaults_of(NvidiaDriverKeys)  # keys, defaults and meanings: README "Inventory keys"
 
@@ -66,16 +67,6 @@ def render_cuda_source(cfg: NvidiaDriverKeys, repo_path: str) -> str:
     )
 
 
-def _log_and_fail(state, host, message: str) -> bool:
-    host.log_styled(message, fg="red", log_func=logger.error)
-    return False
-
-
-def fail_host(message: str) -> FunctionCommand:
-    """A command that fails this host alone, with ``message`` (raising in an operation aborts every host)."""
-    return FunctionCommand(_log_and_fail, (message,), {})
-
-
 def other_branch_packages(packages: dict, branch: str) -> dict[str, str]:
     """Installed driver packages of another branch (name -> version)."""
     out = {}
@@ -84,28 +75,6 @@ def other_branch_packages(packages: dict, branch: str) -> dict[str, str]:
         if m and m["branch"] != branch:
             out[name] = version
     return out
-
-
-@operation()
-def keyring_verified(url: str, fingerprint: str, dest: str):
-    """Fetch an apt signing key on the node, refuse it unless it has ``fingerprint``, store it dearmored.
-
-    + url: where the key is published (https:// or file://)
-    + fingerprint: the full 40-hex fingerprint it must carry
-    + dest: keyring path for ``Signed-By:``
-    """
-    if fingerprint in host.get_fact(KeyringFingerprints, path=dest):
-        host.noop(f"{dest} holds key {fingerprint}")
-        return
-    script = (
-        'set -e; t=$(mktemp); trap \'rm -f "$t" "$t.gpg"\' EXIT; curl -fsSL "$1" -o "$t"; '
-        'if ! gpg --show-keys --with-colons "$t" 2>/dev/null | grep -q "^fpr:*$2:"; then '
-        'echo "key at $1 does not have fingerprint $2: refused" >&2; exit 1; fi; '
-        'if grep -q "BEGIN PGP PUBLIC KEY" "$t"; then gpg --dearmor < "$t" > "$t.gpg"; else cp "$t" "$t.gpg"; fi; '
-        'install -D -m 0644 "$t.gpg" "$3"'
-    )
-    yield StringCommand("sh", "-c", QuoteString(script), "keyring", QuoteString(url), QuoteString(fingerprint),
-                        QuoteString(dest))
 
 
 @operation()
@@ -184,11 +153,7 @@ def driver_held(kernel: str | None = None):
             yield fail_host(f"{host.name}: nvidia_kernel_hold {kernel}: no linux-image-{kernel} installed")
             return
         wanted += kernel_pkgs
-    missing = [p for p in wanted if p not in facts.get("held", [])]
-    if not missing:
-        host.noop(f"{len(wanted)} package(s) held")
-        return
-    yield StringCommand("apt-mark", "hold", *missing)
+    yield from apt_held._inner(packages=wanted)
 
 
 def _recheck_after_reboot(state, host, root: str):

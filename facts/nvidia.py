@@ -116,22 +116,6 @@ class NvidiaKernelModule(FactBase[dict]):
         return {"loaded": version is not None, "version": version, "flavour": flavour, "nvrm": nvrm}
 
 
-class KeyringFingerprints(FactBase[list]):
-    """Fingerprints of the keys in an OpenPGP keyring file ([] when absent or unreadable)."""
-
-    default = list
-
-    def command(self, path: str) -> str:
-        q = shlex.quote(path)
-        return (
-            f"if [ -f {q} ] && command -v gpg >/dev/null; then "
-            f"gpg --show-keys --with-colons {q} 2>/dev/null | awk -F: '$1==\"fpr\" {{print $10}}'; fi"
-        )
-
-    def process(self, output: list[str]) -> list[str]:
-        return [line.strip() for line in output if re.fullmatch(r"[0-9A-F]{40}", line.strip())]
-
-
 _SMI_FIELDS = ("index", "name", "uuid", "memory.total", "compute_cap", "pci.bus_id", "driver_version")
 
 

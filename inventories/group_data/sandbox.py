@@ -1,7 +1,8 @@
 """Sandbox stand-ins (applied last, to inventories/sandbox.py hosts only): local nodes instead of GPU boxes.
 
-The stand-in NVIDIA repo is built, signed with a throwaway key and served on 127.0.0.1:8801 by
-tests/sandbox/node.sh; its fingerprint is read from the file the harness writes.
+tests/sandbox/node.sh builds a signed stand-in NVIDIA apt repo (driver + container toolkit) served on
+127.0.0.1:8801, and a registry on 127.0.0.1:5000 holding a small image under every profile's image
+name; the key fingerprint, the image digest and the registry credentials are files it writes.
 """
 
 import os
@@ -9,8 +10,20 @@ import platform
 
 __all__ = [
     "node_arch", "model_size_gb", "nvidia_repo_url", "nvidia_repo_key_url", "nvidia_repo_key_fingerprint",
-    "nvidia_module_root", "allow_reboot",
+    "nvidia_module_root", "allow_reboot", "nvidia_toolkit_repo_url", "nvidia_toolkit_key_url",
+    "nvidia_toolkit_key_fingerprint", "registries", "registry_auth_file", "image_digest",
 ]
+
+_dir = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
+
+
+def _read(path: str, missing: str) -> str:
+    try:
+        with open(os.path.join(_dir, path)) as f:
+            return f.read().strip()
+    except FileNotFoundError:  # harness not run yet: a value that matches nothing, so the deploy refuses it
+        return missing
+
 
 # The sandbox nodes run on this machine's CPU, whatever the profile's real hardware is.
 node_arch = platform.machine()
@@ -19,12 +32,19 @@ model_size_gb = 0.1
 
 nvidia_repo_url = "http://127.0.0.1:8801/cuda/repos"
 nvidia_repo_key_url = "http://127.0.0.1:8801/standin-key.asc"
-try:
-    with open(os.path.join(os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox"), "standin-repo/fingerprint")) as f:
-        nvidia_repo_key_fingerprint = f.read().strip()
-except FileNotFoundError:  # repo not built yet: a fingerprint no key has, so the deploy refuses the key
-    nvidia_repo_key_fingerprint = "F" * 40
+nvidia_repo_key_fingerprint = _read("standin-repo/fingerprint", "F" * 40)
+nvidia_toolkit_repo_url = "http://127.0.0.1:8801/libnvidia-container/stable/deb"
+nvidia_toolkit_key_url = nvidia_repo_key_url
+nvidia_toolkit_key_fingerprint = nvidia_repo_key_fingerprint
 # The stand-in "kernel module" is loaded into /run at boot by a harness unit (tests/sandbox/node.sh).
 nvidia_module_root = "/run/stand-in-gpu"
 # Throwaway nodes: a driver install reboots them, as a lab would after `allow_reboot: true`.
 allow_reboot = True
+
+# Every profile's registry is mirrored by the local one (pull by digest goes to the mirror).
+registries = [
+    {"prefix": p, "mirrors": [{"location": "127.0.0.1:5000", "insecure": True}]}
+    for p in ("registry.home.arpa", "ghcr.io", "docker.io")
+]
+registry_auth_file = os.path.join(_dir, "registry/auth.json") if os.path.exists(os.path.join(_dir, "registry/auth.json")) else None
+image_digest = _read("registry/digest", "sha256:" + "0" * 64)

@@ -24,14 +24,22 @@ log() { printf '[sandbox] %s\n' "$*" >&2; }
 
 REPO=$SANDBOX_DIR/standin-repo
 REPO_PORT=8801
+STANDINS_VERSION=2          # bump when the stand-in packages change: the repo is rebuilt
+REGISTRY=$SANDBOX_DIR/registry
+REGISTRY_ADDR=127.0.0.1:5000
 
 deps() {
   local c missing=0
-  for c in mmdebstrap systemd-nspawn ssh gpg apt-ftparchive dpkg-scanpackages; do command -v $c >/dev/null || missing=1; done
+  for c in mmdebstrap systemd-nspawn ssh gpg apt-ftparchive dpkg-scanpackages docker-registry curl; do
+    command -v $c >/dev/null || missing=1; done
   if [ $missing = 1 ]; then
     apt-get update -qq
+    # policy-rc.d: the registry package must not start its own (all-interfaces) daemon on this machine
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap systemd-container openssh-client gpg \
-      apt-utils dpkg-dev >/dev/null
+      apt-utils dpkg-dev docker-registry curl >/dev/null; rc=$?
+    rm -f /usr/sbin/policy-rc.d
+    return $rc
   fi
 }
 
@@ -72,29 +80,88 @@ while [ $i -lt $n ]; do
   echo "$row"; i=$((i+1))
 done'
 
+# nvidia-ctk stand-in: `cdi generate` writes a spec for the stand-in GPUs of the loaded stand-in driver, like
+# the real one: 1.19+ adds additionalGids (CDI 0.7.0) unless the feature flag drops them.
+CTK='#!/bin/sh
+version=@VERSION@
+[ "$1 $2" = "cdi generate" ] || { echo "stand-in nvidia-ctk $version"; exit 0; }
+out=${NVIDIA_CTK_CDI_OUTPUT_FILE_PATH:-/dev/stdout}; flags=${NVIDIA_CTK_CDI_GENERATE_FEATURE_FLAGS:-}
+for a in "$@"; do case $a in --output=*) out=${a#--output=};; --feature-flags=*) flags="$flags,${a#--feature-flags=}";; esac; done
+drv=$(cat /run/stand-in-gpu/sys/module/nvidia/version 2>/dev/null) || { echo "nvidia-ctk: no NVIDIA driver loaded" >&2; exit 1; }
+n=$(cat /etc/stand-in-gpus 2>/dev/null || echo 1)
+gids=""; cdi=0.5.0
+case $version in 1.1[0-8].*) ;; *) case ",$flags," in *,no-additional-gids-for-device-nodes,*) ;; *) gids=1; cdi=0.7.0;; esac;; esac
+mkdir -p "$(dirname "$out")"; tmp=$out.tmp
+{ echo "cdiVersion: $cdi"; echo "kind: nvidia.com/gpu"; echo "devices:"
+  i=0; while [ $i -lt $n ]; do
+    for name in $i GPU-5a4d0000-0000-4000-8000-00000000000$i; do
+      echo "- name: \"$name\""; echo "  containerEdits:"
+      [ -n "$gids" ] && echo "    additionalGids: [44]"
+      echo "    deviceNodes:"; echo "    - path: /dev/nvidia$i"; echo "      hostPath: /dev/null"
+    done; i=$((i+1)); done
+  echo "- name: all"; echo "  containerEdits:"; echo "    deviceNodes:"; echo "    - path: /dev/nvidiactl"; echo "      hostPath: /dev/null"
+  echo "containerEdits:"; echo "  env:"; echo "  - NVIDIA_VISIBLE_DEVICES=void"; echo "  mounts:"
+  echo "  - hostPath: /usr/lib/stand-in-nvidia/libcuda.so.$drv"; echo "    containerPath: /usr/lib/libcuda.so.$drv"
+  echo "    options: [ro, nosuid, nodev, bind]"; } > "$tmp"
+mv "$tmp" "$out"'
+
+REFRESH_SERVICE='[Unit]
+Description=Refresh NVIDIA CDI specification file (stand-in of the toolkit unit)
+After=stand-in-nvidia-module.service
+ConditionPathExists=/usr/bin/nvidia-smi
+[Service]
+Type=oneshot
+Environment=NVIDIA_CTK_CDI_OUTPUT_FILE_PATH=/var/run/cdi/nvidia.yaml
+EnvironmentFile=-/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env
+ExecStart=/usr/bin/nvidia-ctk cdi generate
+[Install]
+WantedBy=multi-user.target'
+
+REFRESH_PATH='[Unit]
+Description=Trigger a CDI refresh when the (stand-in) driver changes
+[Path]
+PathChanged=/usr/lib/stand-in-nvidia/module-version
+PathChanged=/usr/bin/nvidia-ctk
+[Install]
+WantedBy=multi-user.target'
+
 standins() {
   local arch dir w key
   arch=$(uname -m); [ "$arch" = aarch64 ] && arch=sbsa
   dir=$REPO/cuda/repos/debian13/$arch            # the path NVIDIA's repo uses: <distro>/<arch>/
-  if [ ! -s "$dir/InRelease" ]; then
-    rm -rf "$REPO"; mkdir -p "$dir"; w=$(mktemp -d); mkdir "$w/out"
+  tk=$REPO/libnvidia-container/stable/deb/$(dpkg --print-architecture)   # NVIDIA's toolkit repo layout
+  if [ "$(cat "$REPO/.version" 2>/dev/null)" != "$STANDINS_VERSION" ] || [ ! -s "$dir/InRelease" ]; then
+    rm -rf "$REPO"; mkdir -p "$dir" "$tk"; w=$(mktemp -d); mkdir "$w/out"
     for v in 580.95.05-1 590.44.01-1; do
       u=${v%-*}
-      mkdeb "$w" libnvidia-compute "$v" ""
+      mkdeb "$w" libnvidia-compute "$v" "" "/usr/lib/stand-in-nvidia/libcuda.so.$u" "stand-in libcuda $u"
       mkdeb "$w" nvidia-kernel-open "$v" "" /usr/lib/stand-in-nvidia/module-version "$u"
       mkdeb "$w" nvidia-utils "$v" "libnvidia-compute (= $v)" /usr/bin/nvidia-smi "${SMI//@VERSION@/$u}"
       mkdeb "$w" nvidia-open "$v" "libnvidia-compute (= $v), nvidia-kernel-open (= $v), nvidia-utils (= $v)"
       mkdeb "$w" "nvidia-driver-pinning-${u%%.*}" "$v" ""
     done
-    cp "$w"/out/*.deb "$dir/"; rm -rf "$w"
-    (cd "$dir" && dpkg-scanpackages --multiversion . /dev/null > Packages 2>/dev/null && gzip -9k Packages \
-       && apt-ftparchive release . > Release)
+    cp "$w"/out/*.deb "$dir/"; rm -rf "$w"/out/*
+    for v in 1.18.2-1 1.19.1-1; do
+      mkdeb "$w" libnvidia-container1 "$v" ""
+      mkdeb "$w" libnvidia-container-tools "$v" "libnvidia-container1 (= $v)"
+      mkdeb "$w" nvidia-container-toolkit-base "$v" "" /usr/bin/nvidia-ctk "${CTK//@VERSION@/${v%-*}}"
+      d=$w/nvidia-container-toolkit-base_$v; mkdir -p "$d/usr/lib/systemd/system"
+      printf '%s\n' "$REFRESH_SERVICE" > "$d/usr/lib/systemd/system/nvidia-cdi-refresh.service"
+      printf '%s\n' "$REFRESH_PATH" > "$d/usr/lib/systemd/system/nvidia-cdi-refresh.path"
+      dpkg-deb --root-owner-group -Zgzip -b "$d" "$w/out/nvidia-container-toolkit-base_${v}_all.deb" >/dev/null
+      mkdeb "$w" nvidia-container-toolkit "$v" "nvidia-container-toolkit-base (= $v), libnvidia-container-tools (= $v)"
+    done
+    cp "$w"/out/*.deb "$tk/"; rm -rf "$w"
+    for r in "$dir" "$tk"; do
+      (cd "$r" && dpkg-scanpackages --multiversion . /dev/null > Packages 2>/dev/null && gzip -9k Packages \
+         && apt-ftparchive release . > Release)
+    done
     export GNUPGHOME=$SANDBOX_DIR/gnupg; rm -rf "$GNUPGHOME"; mkdir -m700 "$GNUPGHOME"
     gpg -q --batch --passphrase '' --quick-gen-key 'inference-nodes sandbox repo <sandbox@localhost>' ed25519 sign never 2>/dev/null
     key=$(gpg --batch --with-colons --list-keys | awk -F: '$1=="fpr" {print $10; exit}')
     gpg -q --batch --armor --export "$key" > "$REPO/standin-key.asc" 2>/dev/null
-    gpg -q --batch --yes --clearsign -u "$key" -o "$dir/InRelease" "$dir/Release" 2>/dev/null
-    echo "$key" > "$REPO/fingerprint"
+    for r in "$dir" "$tk"; do gpg -q --batch --yes --clearsign -u "$key" -o "$r/InRelease" "$r/Release" 2>/dev/null; done
+    echo "$key" > "$REPO/fingerprint"; echo "$STANDINS_VERSION" > "$REPO/.version"
     log "stand-in NVIDIA repo built: $dir (key $key)"
   fi
   local pid; pid=$(cat "$SANDBOX_DIR/repo-server.pid" 2>/dev/null || true)
@@ -104,7 +171,40 @@ standins() {
   fi
 }
 
+# A registry on 127.0.0.1:5000 (Debian's docker-registry, no auth, loopback only) holding a small image
+# under each profile's production name; nodes reach it through their registries.conf.d mirror entries.
+registry() {
+  mkdir -p "$REGISTRY/data"
+  local pid; pid=$(cat "$REGISTRY/pid" 2>/dev/null || true)
+  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+    printf 'version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n' \
+      "$REGISTRY/data" "$REGISTRY_ADDR" > "$REGISTRY/config.yml"
+    setsid docker-registry serve "$REGISTRY/config.yml" </dev/null >"$REGISTRY/log" 2>&1 &
+    echo $! > "$REGISTRY/pid"
+  fi
+  # registry credentials the deploy copies (a sandbox-only secret: it must never appear in any output)
+  [ -f "$REGISTRY/auth.json" ] || { umask 077; printf '{"auths": {"registry.home.arpa": {"auth": "%s"}}}\n' \
+      "$(printf 'lab:sandbox-secret-%s' "$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')" | base64)" > "$REGISTRY/auth.json"; }
+}
+
+# Push the stand-in service image from a node (it has podman) under every profile's image name.
+seed_image() {
+  local name=$1
+  if [ -s "$REGISTRY/digest" ] && curl -sf -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' \
+       -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+       "http://$REGISTRY_ADDR/v2/vllm/manifests/$(cat "$REGISTRY/digest")"; then return; fi
+  ssh -n -F "$SSHCFG" "$name" 'set -e; d=$(mktemp -d); mkdir -p $d/bin; cp /bin/busybox $d/bin/
+    for t in sh true test ls cat sleep; do ln -s busybox $d/bin/$t; done
+    tar --sort=name --mtime=@0 --owner=0 --group=0 -C $d -c . | podman import -q - localhost/stand-in-vllm:latest >/dev/null
+    for ref in vllm:deepseek-v4 anemll/dspark-vllm-gx10:0.1.1 aidendle94/sparkrun-vllm-ds4-gb10:latest; do
+      podman push -q --tls-verify=false --digestfile /tmp/digest localhost/stand-in-vllm:latest 127.0.0.1:5000/$ref; done
+    podman rmi localhost/stand-in-vllm:latest >/dev/null; rm -rf $d; cat /tmp/digest' > "$REGISTRY/digest.tmp"
+  mv "$REGISTRY/digest.tmp" "$REGISTRY/digest"
+  log "stand-in image pushed to $REGISTRY_ADDR: $(cat "$REGISTRY/digest")"
+}
+
 stop_standins() {
+  local p; p=$(cat "$REGISTRY/pid" 2>/dev/null || true); [ -n "$p" ] && kill "$p" 2>/dev/null; rm -f "$REGISTRY/pid"
   local pid; pid=$(cat "$SANDBOX_DIR/repo-server.pid" 2>/dev/null || true)
   [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -f "$SANDBOX_DIR/repo-server.pid"; true
 }
@@ -154,7 +254,7 @@ running() { local pid; pid=$(cat "$SANDBOX_DIR/run/$1/pid" 2>/dev/null) && kill 
 up() {
   local name=$1 port=$2 gpus=${3:-1} run=$SANDBOX_DIR/run/$1 root=$SANDBOX_DIR/nodes/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
   if running "$name"; then log "$name already running"; return; fi
-  deps; build; sshkey; standins
+  deps; build; sshkey; standins; registry
   rm -rf "$root" "$run"; mkdir -p "$root" "$run"
   tar -C "$root" -xf "$TAR"
   echo "$name" > "$root/etc/hostname"
@@ -214,6 +314,7 @@ SUP
     sleep 0.3
   done
   log "$name up on 127.0.0.1:$port after $((SECONDS - t0)) s ($(ssh -n -F "$SSHCFG" "$name" systemctl is-system-running || true))"
+  seed_image "$name"
 }
 
 cgprocs() { [ -d "$1" ] && find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null; true; }

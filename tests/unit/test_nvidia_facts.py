@@ -8,8 +8,8 @@ from pyinfra.api.exceptions import FactProcessError
 
 from deploys.preflight import driver_column, gpu_column, problems_for
 from deploys.schema import NodeConfig
+from facts.apt import KeyringFingerprints
 from facts.nvidia import (
-    KeyringFingerprints,
     NvidiaDriverPackages,
     NvidiaKernelModule,
     NvidiaSmiGpus,

@@ -1,0 +1,239 @@
+"""Container runtime: Podman from the distribution, the NVIDIA container toolkit at a pinned version,
+one CDI spec that the host's Podman can read, registries, credentials, and the service image by digest.
+
+One spec, one owner: the toolkit's nvidia-cdi-refresh unit writes /var/run/cdi/nvidia.yaml (tmpfs,
+regenerated at every boot and when the driver changes); a hand-made /etc/cdi/nvidia.yaml would shadow
+nothing but go stale, so it is removed. Toolkit >= 1.19 adds `additionalGids` (CDI 0.7.0), which
+Podman 4.9.3 (Ubuntu 24.04) cannot read; the refresh unit's env file turns that off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from io import StringIO
+
+from packaging.version import Version
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.facts.files import Sha256File
+from pyinfra.facts.server import Command
+from pyinfra.operations import apt, files, systemd
+from pyinfra.operations.util import any_changed
+
+from deploys.inventory import node_config
+from deploys.ops import apt_held, fail_host, keyring_verified
+from deploys.schema import ContainerRuntimeKeys, NodeConfig, defaults_of
+from facts.containers import CdiSpec, PodmanImageDigest, PodmanVersion
+from facts.nvidia import NvidiaKernelModule
+
+DEFAULTS = defaults_of(ContainerRuntimeKeys)  # keys, defaults and meanings: README "Inventory keys"
+
+HEADER = "# Managed by inference-nodes (deploys/container_runtime.py); local edits are overwritten.\n"
+TOOLKIT_SOURCE = "/etc/apt/sources.list.d/inference-nodes-nvidia-container-toolkit.sources"
+TOOLKIT_KEYRING = "/etc/apt/keyrings/inference-nodes-nvidia-container-toolkit.gpg"
+REFRESH_ENV = "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env"
+STALE_SPEC = "/etc/cdi/nvidia.yaml"
+REGISTRIES_FILE = "/etc/containers/registries.conf.d/90-inference-nodes.conf"
+AUTH_FILE = "/etc/inference-nodes/registry-auth.json"
+
+
+def render_toolkit_source(cfg: ContainerRuntimeKeys, deb_arch: str) -> str:
+    return (
+        f"{HEADER}Types: deb\nURIs: {cfg.nvidia_toolkit_repo_url.rstrip('/')}/{deb_arch}/\nSuites: /\n"
+        f"Signed-By: {TOOLKIT_KEYRING}\n"
+    )
+
+
+def render_refresh_env(cfg: ContainerRuntimeKeys) -> str:
+    if cfg.cdi_no_additional_gids:
+        return (f"{HEADER}# Podman < 5.1 rejects CDI specs with additionalGids (CDI 0.7.0).\n"
+                "NVIDIA_CTK_CDI_GENERATE_FEATURE_FLAGS=no-additional-gids-for-device-nodes\n")
+    return f"{HEADER}# additionalGids allowed (cdi_no_additional_gids: false): needs Podman >= 5.1\n"
+
+
+def render_registries(cfg: ContainerRuntimeKeys) -> str:
+    out = [HEADER]
+    for reg in cfg.registries:
+        out.append(f'\n[[registry]]\nprefix = "{reg.prefix}"\nlocation = "{reg.location or reg.prefix}"\n')
+        if reg.insecure:
+            out.append("insecure = true\n")
+        for mirror in reg.mirrors:
+            out.append(f'\n[[registry.mirror]]\nlocation = "{mirror.location}"\n')
+            if mirror.insecure:
+                out.append("insecure = true\n")
+    return "".join(out)
+
+
+def cdi_problem(spec: dict, gpu_indices: list[int], loaded_driver: str | None, no_gids: bool) -> str | None:
+    """Why the spec must be regenerated (None when it is current)."""
+    if not spec.get("present"):
+        return "no CDI spec yet"
+    if loaded_driver and spec.get("driver_version") and spec["driver_version"] != loaded_driver:
+        return f"spec was generated for driver {spec['driver_version']}, {loaded_driver} is loaded"
+    if no_gids and spec.get("additional_gids"):
+        return "spec carries additionalGids, which Podman < 5.1 cannot read"
+    missing = [i for i in gpu_indices if str(i) not in spec.get("devices", [])]
+    if missing:
+        return f"GPU index {', '.join(map(str, missing))} is not a device of the spec"
+    return None
+
+
+@operation()
+def podman_at_least(minimum: str):
+    """Fail the host when Podman is missing or older than ``minimum``.
+
+    + minimum: oldest acceptable version
+    """
+    version = host.get_fact(PodmanVersion)
+    if version is None or Version(version) < Version(minimum):
+        yield fail_host(f"{host.name}: Podman {version or 'is not installed'}; podman_min_version is {minimum}")
+        return
+    host.noop(f"Podman {version} >= {minimum}")
+
+
+def _check_spec_after_refresh(state, host, path: str, gpu_indices: list[int], root: str, no_gids: bool):
+    spec = host.get_fact(CdiSpec, path=path)
+    loaded = host.get_fact(NvidiaKernelModule, root=root).get("version")
+    problem = cdi_problem(spec, gpu_indices, loaded, no_gids)
+    if problem:
+        host.log_styled(f"{path} after nvidia-cdi-refresh: {problem}; devices: "
+                        f"{', '.join(spec.get('devices', [])) or 'none'}", fg="red", log_func=logger.error)
+        return False
+    return True
+
+
+@operation()
+def cdi_spec_current(path: str, gpu_indices: list[int], module_root: str, no_additional_gids: bool):
+    """Regenerate the CDI spec through nvidia-cdi-refresh when it is missing or stale; then every GPU
+    index the service uses must be a device (`nvidia.com/gpu=N`), else the host fails naming the index.
+
+    + path: the spec the refresh unit writes
+    + gpu_indices: indices the service will request
+    + module_root: where the loaded module's version is read
+    + no_additional_gids: a spec with additionalGids is stale
+    """
+    spec = host.get_fact(CdiSpec, path=path)
+    loaded = host.get_fact(NvidiaKernelModule, root=module_root).get("version")
+    problem = cdi_problem(spec, gpu_indices, loaded, no_additional_gids)
+    if problem is None:
+        host.noop(f"{path} lists nvidia.com/gpu={','.join(map(str, gpu_indices))} for driver {loaded}")
+        return
+    logger.info(f"{host.name}: regenerating the CDI spec ({problem})")
+    yield StringCommand("systemctl", "restart", "nvidia-cdi-refresh.service")
+    yield FunctionCommand(_check_spec_after_refresh, (path, gpu_indices, module_root, no_additional_gids), {})
+
+
+@operation()
+def secret_file(src: str, dest: str):
+    """Copy a secret from the control node, mode 0600 root, without ever printing its content
+    (files.put would show it under --diff).
+
+    + src: control-node path
+    + dest: node path
+    """
+    with open(src, "rb") as f:
+        local = hashlib.sha256(f.read()).hexdigest()
+    remote = host.get_fact(Sha256File, path=dest)
+    mode = host.get_fact(Command, command=f"stat -c '%U %a' {dest} 2>/dev/null || true")
+    if remote == local and mode == "root 600":
+        host.noop(f"{dest} up to date (0600)")
+        return
+    yield StringCommand("install", "-d", "-m", "0700", "-o", "root", "-g", "root", QuoteString(dest.rsplit("/", 1)[0]))
+    yield StringCommand("touch", QuoteString(dest), "&&", "chmod", "0600", QuoteString(dest))
+    yield FileUploadCommand(src, dest)
+    yield StringCommand("chown", "root:root", QuoteString(dest), "&&", "chmod", "0600", QuoteString(dest))
+
+
+@operation()
+def image_present(image: str, digest: str | None, authfile: str | None = None):
+    """Pull the service image by digest unless that digest is present; a different digest is an error.
+
+    + image: reference without digest
+    + digest: the pinned manifest digest (None: a moving tag, allowed by allow_unpinned_image)
+    + authfile: registry credentials on the node
+    """
+    ref = f"{image}@{digest}" if digest else image
+    present = host.get_fact(PodmanImageDigest, ref=ref)
+    if digest and present == digest:
+        host.noop(f"{ref} present")
+        return
+    if not digest and present:
+        host.noop(f"{image} present (unpinned: allow_unpinned_image)")
+        return
+    logger.info(f"{host.name}: pulling {ref} (large images take minutes; podman prints progress with -vvv)")
+    args = ["podman", "pull"]
+    if authfile:
+        args += ["--authfile", QuoteString(authfile)]
+    yield StringCommand(*args, QuoteString(ref))
+    if digest:
+        check = (f'test "$(podman image inspect --format {{{{.Digest}}}} {ref})" = {digest} || '
+                 f'{{ echo "pulled {ref} but its digest differs" >&2; exit 1; }}')
+        yield StringCommand("sh", "-c", QuoteString(check))
+
+
+@deploy("Container runtime", data_defaults=DEFAULTS)
+def container_runtime():
+    cfg: NodeConfig = node_config()
+    apt.packages(name="Install Podman from the distribution", packages=["podman"], update=True, cache_time=86400)
+    podman_at_least(name=f"Check Podman >= {cfg.podman_min_version}", minimum=cfg.podman_min_version)
+
+    apt.packages(name="Install what fetching and checking repo keys needs", packages=["curl", "gpg", "ca-certificates"],
+                 update=True, cache_time=86400)
+    key = keyring_verified(
+        name="Install the container toolkit repo key (fingerprint checked)",
+        url=cfg.nvidia_toolkit_key_url,
+        fingerprint=cfg.nvidia_toolkit_key_fingerprint,
+        dest=TOOLKIT_KEYRING,
+    )
+    deb_arch = host.get_fact(Command, command="dpkg --print-architecture")
+    source = files.put(
+        name="Add NVIDIA's container toolkit repo",
+        src=StringIO(render_toolkit_source(cfg, deb_arch)),
+        dest=TOOLKIT_SOURCE,
+        user="root", group="root", mode="0644",
+    )
+    apt.update(name="Update apt lists after the toolkit source changed", _if=any_changed(key, source))
+    version = cfg.nvidia_toolkit_version
+    apt.packages(
+        name=f"Install the NVIDIA container toolkit {version}",
+        packages=[f"{p}={version}" for p in cfg.nvidia_toolkit_packages],
+        extra_install_args="--allow-downgrades",
+    )
+    apt_held(name="Hold the container toolkit", packages=cfg.nvidia_toolkit_packages)
+
+    env = files.put(
+        name="Configure CDI generation for this Podman",
+        src=StringIO(render_refresh_env(cfg)),
+        dest=REFRESH_ENV,
+        user="root", group="root", mode="0644", create_remote_dir=True,
+    )
+    files.file(name=f"Remove a second, hand-made CDI spec ({STALE_SPEC})", path=STALE_SPEC, present=False)
+    systemd.service(name="Regenerate CDI specs when the driver changes", service="nvidia-cdi-refresh.path",
+                    running=True, enabled=True)
+    systemd.service(name="Regenerate CDI specs at boot", service="nvidia-cdi-refresh.service", running=None,
+                    enabled=True)  # a oneshot: enabled, not kept running
+    systemd.service(name="Regenerate the CDI spec after a configuration change", service="nvidia-cdi-refresh.service",
+                    restarted=True, _if=env.did_change)
+    cdi_spec_current(
+        name="Check the CDI spec lists every GPU the service uses",
+        path=cfg.cdi_spec_path,
+        gpu_indices=cfg.gpu_indices,
+        module_root=cfg.nvidia_module_root,
+        no_additional_gids=cfg.cdi_no_additional_gids,
+    )
+
+    files.put(
+        name="Configure registries (registries.conf.d)",
+        src=StringIO(render_registries(cfg)),
+        dest=REGISTRIES_FILE,
+        user="root", group="root", mode="0644",
+    )
+    if cfg.registry_auth_file:
+        secret_file(name="Install registry credentials (0600, never printed)", src=cfg.registry_auth_file,
+                    dest=AUTH_FILE)
+    image_present(
+        name="Pull the service image by digest",
+        image=cfg.image,
+        digest=cfg.image_digest,
+        authfile=AUTH_FILE if cfg.registry_auth_file else None,
+    )

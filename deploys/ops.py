@@ -1,0 +1,54 @@
+"""Operations shared by several components: per-host failure, verified apt keyrings, apt holds."""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+
+from facts.apt import AptHolds, KeyringFingerprints
+
+
+def _log_and_fail(state, host, message: str) -> bool:
+    host.log_styled(message, fg="red", log_func=logger.error)
+    return False
+
+
+def fail_host(message: str) -> FunctionCommand:
+    """A command that fails this host alone, with ``message`` (raising in an operation aborts every host)."""
+    return FunctionCommand(_log_and_fail, (message,), {})
+
+
+@operation()
+def keyring_verified(url: str, fingerprint: str, dest: str):
+    """Fetch an apt signing key on the node, refuse it unless it has ``fingerprint``, store it dearmored.
+
+    + url: where the key is published (https:// or file://)
+    + fingerprint: the full 40-hex fingerprint it must carry
+    + dest: keyring path for ``Signed-By:``
+    """
+    if fingerprint in host.get_fact(KeyringFingerprints, path=dest):
+        host.noop(f"{dest} holds key {fingerprint}")
+        return
+    script = (
+        'set -e; t=$(mktemp); trap \'rm -f "$t" "$t.gpg"\' EXIT; curl -fsSL "$1" -o "$t"; '
+        'if ! gpg --show-keys --with-colons "$t" 2>/dev/null | grep -q "^fpr:*$2:"; then '
+        'echo "key at $1 does not have fingerprint $2: refused" >&2; exit 1; fi; '
+        'if grep -q "BEGIN PGP PUBLIC KEY" "$t"; then gpg --dearmor < "$t" > "$t.gpg"; else cp "$t" "$t.gpg"; fi; '
+        'install -D -m 0644 "$t.gpg" "$3"'
+    )
+    yield StringCommand("sh", "-c", QuoteString(script), "keyring", QuoteString(url), QuoteString(fingerprint),
+                        QuoteString(dest))
+
+
+@operation()
+def apt_held(packages: list[str]):
+    """`apt-mark hold` each of ``packages`` that is not held yet.
+
+    + packages: installed package names
+    """
+    held = set(host.get_fact(AptHolds))
+    missing = [p for p in packages if p not in held]
+    if not missing:
+        host.noop(f"{len(packages)} package(s) held")
+        return
+    yield StringCommand("apt-mark", "hold", *missing)

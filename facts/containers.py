@@ -1,0 +1,100 @@
+"""Facts about the container runtime: Podman's version, the CDI spec (parsed with pyyaml), images."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+import yaml
+from pyinfra.api import FactBase
+from pyinfra.api.exceptions import FactProcessError
+
+_MARK = "##inference-nodes:"
+
+
+class PodmanVersion(FactBase[str]):
+    """Podman's version (`4.9.3`), or None when Podman is not installed."""
+
+    @staticmethod
+    def default():
+        return None
+
+    def requires_command(self) -> str:
+        return "podman"
+
+    def command(self) -> str:
+        return "podman --version"
+
+    def process(self, output: list[str]) -> str:
+        m = re.search(r"(\d+\.\d+(?:\.\d+)?)", " ".join(output))
+        if not m:
+            raise FactProcessError(f"PodmanVersion: unexpected output {output!r}")
+        return m.group(1)
+
+
+def parse_cdi_spec(text: str) -> dict[str, Any]:
+    """The parts of a CDI spec we check: kind, cdiVersion, device names, whether any edit carries
+    `additionalGids` (CDI 0.7.0, which Podman < 5.1 cannot read), and the driver version its library
+    mounts name (`libcuda.so.580.95.05`), so a spec older than the driver is recognisable."""
+    try:
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"not YAML: {e}") from None
+    if not isinstance(spec, dict) or "kind" not in spec or not isinstance(spec.get("devices"), list):
+        raise ValueError("not a CDI spec (no kind/devices)")
+    edits = [spec.get("containerEdits") or {}] + [(d or {}).get("containerEdits") or {} for d in spec["devices"]]
+    gids = any("additionalGids" in (e or {}) for e in edits)
+    for e in edits:
+        for node in e.get("deviceNodes") or []:
+            gids = gids or "additionalGids" in (node or {})
+    driver = None
+    for e in edits:
+        for mount in e.get("mounts") or []:
+            m = re.search(r"libcuda\.so\.(\d{3}\.\d+(?:\.\d+)?)$", str((mount or {}).get("hostPath", "")))
+            if m:
+                driver = m.group(1)
+    return {
+        "kind": spec["kind"],
+        "cdi_version": str(spec.get("cdiVersion", "")),
+        "devices": [str(d.get("name")) for d in spec["devices"] if isinstance(d, dict)],
+        "additional_gids": gids,
+        "driver_version": driver,
+    }
+
+
+class CdiSpec(FactBase[dict]):
+    """A CDI spec file, parsed: ``{"present": False}`` when absent; FactProcessError when unreadable."""
+
+    default = dict
+
+    def command(self, path: str) -> str:
+        q = shlex.quote(path)
+        return f"if [ -f {q} ]; then echo '{_MARK}present'; cat {q}; else echo '{_MARK}absent'; fi"
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        if not output or output[0].strip() == f"{_MARK}absent":
+            return {"present": False}
+        try:
+            return {"present": True, **parse_cdi_spec("\n".join(output[1:]))}
+        except ValueError as e:
+            raise FactProcessError(f"CdiSpec: {e}") from e
+
+
+class PodmanImageDigest(FactBase[str]):
+    """The digest of a local image reference (`name@sha256:…` or `name:tag`), or None when absent."""
+
+    @staticmethod
+    def default():
+        return None
+
+    def requires_command(self, ref: str) -> str:
+        return "podman"
+
+    def command(self, ref: str) -> str:
+        q = shlex.quote(ref)
+        return f"podman image inspect --format '{{{{.Digest}}}}' {q} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str | None:
+        digest = "".join(output).strip()
+        return digest or None
