@@ -34,7 +34,7 @@ TOOLKIT_KEYRING = "/etc/apt/keyrings/inference-nodes-nvidia-container-toolkit.gp
 REFRESH_ENV = "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env"
 STALE_SPEC = "/etc/cdi/nvidia.yaml"
 REGISTRIES_FILE = "/etc/containers/registries.conf.d/90-inference-nodes.conf"
-AUTH_FILE = "/etc/inference-nodes/registry-auth.json"
+AUTH_FILE = "/etc/inference-nodes/secrets/registry-auth.json"
 
 
 def render_toolkit_source(cfg: ContainerRuntimeKeys, deb_arch: str) -> str:
@@ -197,7 +197,7 @@ def container_runtime():
     apt.packages(
         name=f"Install the NVIDIA container toolkit {version}",
         packages=[f"{p}={version}" for p in cfg.nvidia_toolkit_packages],
-        extra_install_args="--allow-downgrades",
+        extra_install_args="--allow-downgrades --allow-change-held-packages",  # the inventory changed the pin
     )
     apt_held(name="Hold the container toolkit", packages=cfg.nvidia_toolkit_packages)
 

@@ -534,11 +534,13 @@ def _problems_from(host: str, data: dict[str, Any], error: ValidationError) -> l
         key = loc[0] if loc else "?"
         if err["type"] == "missing":
             out.append(Problem(host, key, _MISSING, f"a value ({_describe(key)})"))
-        elif err["type"] == "extra_forbidden":
+        elif err["type"] == "extra_forbidden" and len(loc) == 1:
             out.append(Problem(host, key, data.get(key), "no such key: a typo? (see the README's key table)"))
         else:
             where = key + "".join(f"[{p}]" for p in loc[1:])
-            if err["type"] == "string_pattern_mismatch":
+            if err["type"] == "extra_forbidden":
+                expected = "no such field: a typo?"
+            elif err["type"] == "string_pattern_mismatch":
                 expected = f"a value matching {err['ctx']['pattern']} ({_describe(key)})"
             else:
                 expected = err["msg"].removeprefix("Value error, ")

@@ -1,7 +1,7 @@
 """The driver on sandbox nodes: the pin really holds 580 against 590, a 590 node is refused, and
 allow_driver_change moves it to 580 (reboot included) and leaves it converged.
 
-Runs after test_converge.py (pytest orders modules by name) on the same session nodes.
+Runs after test_10_converge.py (pytest orders modules by name) on the same session nodes.
 """
 
 from __future__ import annotations

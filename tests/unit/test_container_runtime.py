@@ -1,0 +1,104 @@
+"""CDI spec parsing (pyyaml) on toolkit-shaped specs, staleness rules, and the runtime's rendered files."""
+
+import os
+import runpy
+from pathlib import Path
+
+import pytest
+from pyinfra.api.exceptions import FactProcessError
+
+from deploys.container_runtime import cdi_problem, render_refresh_env, render_registries, render_toolkit_source
+from deploys.schema import ContainerRuntimeKeys, InventoryValidationError, validate_hosts
+from facts.containers import CdiSpec, PodmanVersion, parse_cdi_spec
+
+FIX = Path(__file__).parent / "fixtures" / "cdi"
+SPEC_118 = (FIX / "toolkit-1.18-shape.yaml").read_text()
+SPEC_119 = (FIX / "toolkit-1.19-shape.yaml").read_text()
+
+
+def test_spec_without_additional_gids():
+    spec = parse_cdi_spec(SPEC_118)
+    assert spec == {"kind": "nvidia.com/gpu", "cdi_version": "0.5.0",
+                    "devices": ["0", "GPU-520e01f2-cf30-6396-abef-e8e9a5233b0e", "all"],
+                    "additional_gids": False, "driver_version": "580.95.05"}
+
+
+def test_spec_with_additional_gids():
+    spec = parse_cdi_spec(SPEC_119)
+    assert spec["additional_gids"] is True and spec["cdi_version"] == "0.7.0"
+
+
+def test_cdi_fact_absent_present_and_garbage():
+    assert CdiSpec().process(["##inference-nodes:absent"]) == {"present": False}
+    spec = CdiSpec().process(["##inference-nodes:present", *SPEC_118.splitlines()])
+    assert spec["present"] and spec["devices"][0] == "0"
+    with pytest.raises(FactProcessError):
+        CdiSpec().process(["##inference-nodes:present", "devices: [unclosed"])
+    with pytest.raises(FactProcessError):
+        CdiSpec().process(["##inference-nodes:present", "just: a mapping"])
+
+
+@pytest.mark.parametrize("spec,indices,loaded,no_gids,expected", [
+    (SPEC_118, [0], "580.95.05", True, None),
+    (SPEC_118, [0, 1], "580.95.05", True, "GPU index 1 is not a device of the spec"),
+    (SPEC_118, [0], "580.105.08", True, "spec was generated for driver 580.95.05, 580.105.08 is loaded"),
+    (SPEC_119, [0], "580.95.05", True, "spec carries additionalGids"),
+    (SPEC_119, [0], "580.95.05", False, None),
+])
+def test_cdi_problem(spec, indices, loaded, no_gids, expected):
+    problem = cdi_problem({"present": True, **parse_cdi_spec(spec)}, indices, loaded, no_gids)
+    assert problem == expected or (expected and expected in problem)
+
+
+def test_missing_spec_is_a_problem():
+    assert cdi_problem({"present": False}, [0], None, True) == "no CDI spec yet"
+
+
+def test_podman_version_parser():
+    assert PodmanVersion().process(["podman version 4.9.3"]) == "4.9.3"
+    assert PodmanVersion().process(["podman version 5.4.2"]) == "5.4.2"
+    with pytest.raises(FactProcessError):
+        PodmanVersion().process(["command not found"])
+
+
+def test_rendered_files():
+    cfg = ContainerRuntimeKeys(registries=[
+        {"prefix": "registry.home.arpa", "mirrors": [{"location": "127.0.0.1:5000", "insecure": True}]}])
+    conf = render_registries(cfg)
+    assert '[[registry]]\nprefix = "registry.home.arpa"\nlocation = "registry.home.arpa"\n' in conf
+    assert '[[registry.mirror]]\nlocation = "127.0.0.1:5000"\ninsecure = true\n' in conf
+    assert "NVIDIA_CTK_CDI_GENERATE_FEATURE_FLAGS=no-additional-gids-for-device-nodes" in render_refresh_env(cfg)
+    assert "FEATURE_FLAGS" not in render_refresh_env(ContainerRuntimeKeys(cdi_no_additional_gids=False))
+    assert "URIs: https://nvidia.github.io/libnvidia-container/stable/deb/arm64/\nSuites: /\n" in render_toolkit_source(cfg, "arm64")
+
+
+PROFILE_A = {k: v for k, v in runpy.run_path("inventories/group_data/rtx_pro_6000_pair.py").items() if not k.startswith("__")}
+
+
+@pytest.mark.parametrize("changes,key,expected", [
+    ({"nvidia_toolkit_version": "1.17.8-1"}, "nvidia_toolkit_version", ">= 1.18"),
+    ({"registry_auth_file": "/nonexistent/auth.json"}, "registry_auth_file", "an existing file"),
+    ({"registries": [{"prefix": "x", "mirror": []}]}, "registries[0][mirror]", "no such field"),
+])
+def test_runtime_keys_rejected(changes, key, expected):
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts({"node-a": {**PROFILE_A, **changes}})
+    assert f"host node-a: key '{key}'" in str(err.value) and expected in str(err.value)
+
+
+def test_auth_file_must_be_private_and_outside_the_repo(tmp_path):
+    loose = tmp_path / "auth.json"
+    loose.write_text("{}")
+    loose.chmod(0o644)
+    with pytest.raises(InventoryValidationError, match="mode 0600"):
+        validate_hosts({"node-a": {**PROFILE_A, "registry_auth_file": str(loose)}})
+    inside = Path(os.getcwd()) / "auth-test.json"
+    inside.write_text("{}")
+    try:
+        inside.chmod(0o600)
+        with pytest.raises(InventoryValidationError, match="outside the repository"):
+            validate_hosts({"node-a": {**PROFILE_A, "registry_auth_file": str(inside)}})
+    finally:
+        inside.unlink()
+    loose.chmod(0o600)
+    assert validate_hosts({"node-a": {**PROFILE_A, "registry_auth_file": str(loose)}})
