@@ -29,6 +29,7 @@ unit: venv
 # Boot the sandbox nodes, converge them with the real entry point, audit them; leaves them running.
 demo: venv sandbox-deps
 	$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port gpus; do $(NODE_SH) up "$$name" "$$port" "$$gpus" </dev/null || exit 1; done
+	$(BIN)/python -m tests.sandbox.nodes --manifests
 	$(BIN)/pyinfra -y $(SANDBOX_INVENTORY) deploys/all.py
 	AUDIT_INVENTORY=$(SANDBOX_INVENTORY) $(BIN)/python -m pytest -q tests/audit
 	@echo

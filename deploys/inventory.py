@@ -38,3 +38,22 @@ def load_inventory(path: str) -> Inventory:
 
     with ctx_state.use(State()):
         return make_inventory(path, cwd=os.getcwd())
+
+
+def ssh_options(data: dict) -> list[str]:
+    """OpenSSH `-o` options reaching a host the way pyinfra does, from its inventory data (for rsync and
+    testinfra, which use OpenSSH rather than paramiko). Host-key checking follows the inventory."""
+    strict = {"yes": "yes", "no": "no", "off": "no", "accept-new": "accept-new"}.get(
+        str(data.get("ssh_strict_host_key_checking", "accept-new")), "yes"
+    )
+    opts = [f"StrictHostKeyChecking={strict}", "BatchMode=yes", "LogLevel=ERROR"]
+    if data.get("ssh_port"):
+        opts.append(f"Port={data['ssh_port']}")
+    if data.get("ssh_user"):
+        opts.append(f"User={data['ssh_user']}")
+    if data.get("ssh_key"):
+        opts.append(f"IdentityFile={data['ssh_key']}")
+    known = data.get("ssh_known_hosts_file")
+    if known:
+        opts.append(f"UserKnownHostsFile={known if known == '/dev/null' else os.path.abspath(known)}")
+    return opts

@@ -19,6 +19,15 @@ def fail_host(message: str) -> FunctionCommand:
 
 
 @operation()
+def refuse(message: str):
+    """Fail this host with ``message`` (a precondition the inventory cannot meet).
+
+    + message: what is wrong and how to fix it
+    """
+    yield fail_host(message)
+
+
+@operation()
 def keyring_verified(url: str, fingerprint: str, dest: str):
     """Fetch an apt signing key on the node, refuse it unless it has ``fingerprint``, store it dearmored.
 

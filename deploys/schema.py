@@ -71,6 +71,19 @@ def _key(default: Any = ..., description: str = "", **kw: Any) -> Any:
     return Field(default, description=description, **kw)
 
 
+def _private_control_file(key: str, path: str) -> None:
+    """A secret on the control node: it exists, only its owner can read it, and it is not in the repo."""
+    import os
+    import stat
+
+    if not os.path.isfile(path):
+        raise _KeyError(key, path, "an existing file on the control node")
+    if os.stat(path).st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise _KeyError(key, path, "mode 0600 (it is readable by group or others)")
+    if os.path.realpath(path).startswith(os.path.realpath(os.getcwd()) + os.sep):
+        raise _KeyError(key, path, "a path outside the repository (secrets are never committed)")
+
+
 class _Keys(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
@@ -142,10 +155,46 @@ class ModelKeys(_Keys):
         gt=0,
     )
 
+    model_manifest: str | None = _key(
+        None,
+        description="trusted manifest: `files/manifests/<org>--<name>@<commit>.json` (committed after review) or an "
+        "absolute control-node path; its repo/commit must be `model_repo`/`model_revision`",
+    )
+    model_sync_mode: Literal["push", "present"] = _key(
+        "push",
+        description="`push`: the control node downloads once, verifies, rsyncs what each node lacks; `present`: "
+        "only verify (a node-side `hub` mode is not built yet)",
+    )
+    model_hub_endpoint: str = _key("https://huggingface.co", description="hub URL (HF_ENDPOINT)",
+                                   pattern=r"^https?://\S+$")
+    model_hub_token_file: AbsPath | None = _key(
+        None, description="control-node file holding a hub token (outside the repo, 0600); never printed"
+    )
+    model_control_cache: AbsPath = _key(
+        "/var/cache/inference-nodes/hub", description="control-node HF cache the `push` mode downloads into"
+    )
+    model_rsync_streams: int = _key(4, description="parallel rsync streams per node in `push` mode", ge=1, le=16)
+
     @model_validator(mode="after")
     def _revision_is_commit(self) -> ModelKeys:
         if not HEX40.match(self.model_revision):
             raise _KeyError("model_revision", self.model_revision, "a 40-hex commit id (lower case)")
+        if self.model_manifest is not None:
+            import json
+
+            try:
+                with open(self.model_manifest) as f:
+                    manifest = json.load(f)
+            except (OSError, ValueError) as e:
+                raise _KeyError("model_manifest", self.model_manifest, f"a readable manifest ({e})") from None
+            if (manifest.get("repo"), manifest.get("commit")) != (self.model_repo, self.model_revision):
+                raise _KeyError(
+                    "model_manifest", self.model_manifest,
+                    f"a manifest of {self.model_repo}@{self.model_revision}, not "
+                    f"{manifest.get('repo')}@{manifest.get('commit')}",
+                )
+        if self.model_hub_token_file is not None:
+            _private_control_file("model_hub_token_file", self.model_hub_token_file)
         return self
 
 
@@ -399,16 +448,7 @@ class ContainerRuntimeKeys(_Keys):
             raise _KeyError("nvidia_toolkit_version", self.nvidia_toolkit_version,
                             ">= 1.18 (older toolkits have no nvidia-cdi-refresh unit)")
         if self.registry_auth_file is not None:
-            import os
-            import stat
-
-            path = self.registry_auth_file
-            if not os.path.isfile(path):
-                raise _KeyError("registry_auth_file", path, "an existing file on the control node")
-            if os.stat(path).st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise _KeyError("registry_auth_file", path, "mode 0600 (it is readable by group or others)")
-            if os.path.realpath(path).startswith(os.path.realpath(os.getcwd()) + os.sep):
-                raise _KeyError("registry_auth_file", path, "a path outside the repository (secrets are never committed)")
+            _private_control_file("registry_auth_file", self.registry_auth_file)
         return self
 
     @property
@@ -603,7 +643,7 @@ def cluster_problems(configs: dict[str, NodeConfig]) -> list[Problem]:
             if len(names) > 1:
                 for name in names:
                     problems.append(Problem(name, "fabric_address", addr, f"an address unique in cluster {cluster}"))
-        for key in ("model_repo", "model_revision", "image", "image_digest", "tensor_parallel_size"):
+        for key in ("model_repo", "model_revision", "model_manifest", "image", "image_digest", "tensor_parallel_size"):
             values = {getattr(cfg, key) for _, cfg in members}
             if len(values) > 1:
                 for name, cfg in members:

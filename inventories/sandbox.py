@@ -9,6 +9,12 @@ import os
 _DIR = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
 
 
+def _manifest(commit: str) -> dict:
+    """The stand-in repo's manifest, once tests/sandbox/nodes.py --manifests generated it from the stand-in hub."""
+    path = f"{_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{commit}.json"
+    return {"model_manifest": path} if os.path.exists(path) else {}
+
+
 def _node(name: str, port: int, **data):
     return (name, {
         "ssh_hostname": "127.0.0.1",
@@ -23,9 +29,11 @@ def _node(name: str, port: int, **data):
     })
 
 
-rtx_pro_6000_pair = [_node("sandbox-a", 2201)]
+_A, _B = "7872f01b1d1fe23eabc4c98b48bffcef5a386062", "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
+
+rtx_pro_6000_pair = [_node("sandbox-a", 2201, **_manifest(_A))]
 
 gb10_dspark = [
-    _node("sandbox-b0", 2202, node_rank=0, fabric_address="127.0.1.10"),
-    _node("sandbox-b1", 2203, node_rank=1, fabric_address="127.0.1.11"),
+    _node("sandbox-b0", 2202, node_rank=0, fabric_address="127.0.1.10", **_manifest(_B)),
+    _node("sandbox-b1", 2203, node_rank=1, fabric_address="127.0.1.11", **_manifest(_B)),
 ]

@@ -109,15 +109,21 @@ def stamp_matches(stamp: dict | None, digest: str, root: str, manifest: dict) ->
         return False
 
 
-def structural_problems(manifest: dict, root: str) -> tuple[list[str], list[dict]]:
-    """File set, sizes and the safetensors index; returns (problems, entries worth hashing)."""
+def structural_problems(manifest: dict, root: str, refetch: list[str] | None = None,
+                        extra: list[str] | None = None) -> tuple[list[str], list[dict]]:
+    """File set, sizes and the safetensors index; returns (problems, entries worth hashing).
+    Paths to fetch again are appended to ``refetch``, files the manifest does not know to ``extra``."""
+    refetch = [] if refetch is None else refetch
+    extra = [] if extra is None else extra
     problems = []
     expected = {e["path"]: e for e in manifest["files"]}
     present = list_files(root) if os.path.isdir(root) else set()
     for rel in sorted(set(expected) - present):
         problems.append(f"MISSING {rel}")
+        refetch.append(rel)
     for rel in sorted(present - set(expected)):
         problems.append(f"EXTRA {rel}")
+        extra.append(rel)
     to_hash = []
     for rel, entry in sorted(expected.items()):
         if rel not in present:
@@ -126,9 +132,11 @@ def structural_problems(manifest: dict, root: str) -> tuple[list[str], list[dict
             size = os.stat(os.path.join(root, rel)).st_size
         except OSError:  # a dangling snapshot -> blob link
             problems.append(f"MISSING {rel} (dangling link)")
+            refetch.append(rel)
             continue
         if size != entry["size"]:
             problems.append(f"SIZE {rel}: {size} bytes, manifest says {entry['size']}")
+            refetch.append(rel)
         else:
             to_hash.append(entry)
     index = expected.get("model.safetensors.index.json")
@@ -157,7 +165,9 @@ def verify(manifest_path: str, root: str, stamp_path: str | None = None, full: b
               "hashed": 0, "bytes_hashed": 0}
     if not full and stamp_matches(read_stamp(stamp_path), digest, root, manifest):
         return {**result, "ok": True, "problems": [], "mode": "stamp"}
-    problems, to_hash = structural_problems(manifest, root)
+    refetch: list[str] = []
+    extra: list[str] = []
+    problems, to_hash = structural_problems(manifest, root, refetch, extra)
     to_hash.sort(key=lambda e: -e["size"])
     jobs = jobs or max(1, min(len(to_hash), os.cpu_count() or 1, 16))
     work = [(e["path"], os.path.join(root, e["path"]), "sha256" if e.get("sha256") else "git_sha1", e["size"])
@@ -172,9 +182,11 @@ def verify(manifest_path: str, root: str, stamp_path: str | None = None, full: b
                 done_bytes += sizes[rel]
                 if got != want[rel]:
                     problems.append(f"HASH {rel}: {got}, manifest says {want[rel]}")
+                    refetch.append(rel)
                 if progress:
                     progress(rel, done_bytes, total)
-    result.update(hashed=len(work), bytes_hashed=total, mode="full")
+    result.update(hashed=len(work), bytes_hashed=total, mode="full", refetch=sorted(refetch), extra=extra,
+                  refetch_bytes=sum(e["size"] for e in manifest["files"] if e["path"] in set(refetch)))
     ok = not problems
     if ok:
         write_stamp(stamp_path, {

@@ -11,7 +11,8 @@ import platform
 __all__ = [
     "node_arch", "model_size_gb", "nvidia_repo_url", "nvidia_repo_key_url", "nvidia_repo_key_fingerprint",
     "nvidia_module_root", "allow_reboot", "nvidia_toolkit_repo_url", "nvidia_toolkit_key_url",
-    "nvidia_toolkit_key_fingerprint", "registries", "registry_auth_file", "image_digest",
+    "nvidia_toolkit_key_fingerprint", "registries", "registry_auth_file", "image_digest", "model_hub_endpoint",
+    "model_control_cache",
 ]
 
 _dir = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
@@ -29,6 +30,8 @@ def _read(path: str, missing: str) -> str:
 node_arch = platform.machine()
 # The stand-in hub serves a small generated repo, not the 167 GB checkpoint.
 model_size_gb = 0.1
+model_hub_endpoint = "http://127.0.0.1:8802"
+model_control_cache = os.path.join(_dir, "control-hub-cache")
 
 nvidia_repo_url = "http://127.0.0.1:8801/cuda/repos"
 nvidia_repo_key_url = "http://127.0.0.1:8801/standin-key.asc"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 import testinfra
 
-from deploys.inventory import inventory_configs, load_inventory
+from deploys.inventory import inventory_configs, load_inventory, ssh_options
 from deploys.schema import NodeConfig
 
 INVENTORY = os.environ.get("AUDIT_INVENTORY", "inventories/lab.py")
@@ -30,16 +30,9 @@ class Node:
 
 
 def _ssh_config_block(name: str, data: dict) -> str:
-    strict = {"yes": "yes", "no": "no", "off": "no", "accept-new": "accept-new"}.get(
-        str(data.get("ssh_strict_host_key_checking", "accept-new")), "yes"
-    )
-    lines = [f"Host {name}", f"  HostName {data.get('ssh_hostname') or name}", f"  StrictHostKeyChecking {strict}"]
-    for key, option in (("ssh_port", "Port"), ("ssh_user", "User"), ("ssh_key", "IdentityFile"),
-                        ("ssh_known_hosts_file", "UserKnownHostsFile")):
-        if data.get(key) is not None:
-            lines.append(f"  {option} {os.path.abspath(data[key]) if key == 'ssh_known_hosts_file' and data[key] != '/dev/null' else data[key]}")
-    lines += ["  BatchMode yes", "  LogLevel ERROR", "  ControlMaster auto", "  ControlPath ~/.ssh/cm-audit-%C",
-              "  ControlPersist 60"]
+    lines = [f"Host {name}", f"  HostName {data.get('ssh_hostname') or name}"]
+    lines += [f"  {opt.replace('=', ' ', 1)}" for opt in ssh_options(data)]
+    lines += ["  ControlMaster auto", "  ControlPath ~/.ssh/cm-audit-%C", "  ControlPersist 60"]
     return "\n".join(lines) + "\n"
 
 

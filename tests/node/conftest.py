@@ -40,6 +40,7 @@ def sandbox():
     try:
         for name, port, gpus in nodes:
             subprocess.run([NODE_SH, "up", name, str(port), str(gpus)], check=True)
+        subprocess.run([sys.executable, "-m", "tests.sandbox.nodes", "--manifests"], check=True)
         yield [name for name, _, _ in nodes]
     finally:
         subprocess.run([NODE_SH, "down-all"], check=False)

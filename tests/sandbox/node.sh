@@ -27,17 +27,18 @@ REPO_PORT=8801
 STANDINS_VERSION=2          # bump when the stand-in packages change: the repo is rebuilt
 REGISTRY=$SANDBOX_DIR/registry
 REGISTRY_ADDR=127.0.0.1:5000
+HUB_PORT=8802
 
 deps() {
   local c missing=0
-  for c in mmdebstrap systemd-nspawn ssh gpg apt-ftparchive dpkg-scanpackages docker-registry curl; do
+  for c in mmdebstrap systemd-nspawn ssh gpg apt-ftparchive dpkg-scanpackages docker-registry curl rsync; do
     command -v $c >/dev/null || missing=1; done
   if [ $missing = 1 ]; then
     apt-get update -qq
     # policy-rc.d: the registry package must not start its own (all-interfaces) daemon on this machine
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap systemd-container openssh-client gpg \
-      apt-utils dpkg-dev docker-registry curl >/dev/null; rc=$?
+      apt-utils dpkg-dev docker-registry curl rsync >/dev/null; rc=$?
     rm -f /usr/sbin/policy-rc.d
     return $rc
   fi
@@ -203,8 +204,20 @@ seed_image() {
   log "stand-in image pushed to $REGISTRY_ADDR: $(cat "$REGISTRY/digest")"
 }
 
+# The stand-in model hub (tests/sandbox/standin_hub.py, stdlib only) on 127.0.0.1:8802.
+hub() {
+  local pid; pid=$(cat "$SANDBOX_DIR/hub.pid" 2>/dev/null || true)
+  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+    setsid python3 "$(dirname "$0")/standin_hub.py" --port "$HUB_PORT" </dev/null >"$SANDBOX_DIR/hub.log" 2>&1 &
+    echo $! > "$SANDBOX_DIR/hub.pid"
+    for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$HUB_PORT/api/models/x/y/revision/main" && break
+      grep -q "stand-in hub on" "$SANDBOX_DIR/hub.log" 2>/dev/null && break; sleep 0.1; done
+  fi
+}
+
 stop_standins() {
   local p; p=$(cat "$REGISTRY/pid" 2>/dev/null || true); [ -n "$p" ] && kill "$p" 2>/dev/null; rm -f "$REGISTRY/pid"
+  p=$(cat "$SANDBOX_DIR/hub.pid" 2>/dev/null || true); [ -n "$p" ] && kill "$p" 2>/dev/null; rm -f "$SANDBOX_DIR/hub.pid"
   local pid; pid=$(cat "$SANDBOX_DIR/repo-server.pid" 2>/dev/null || true)
   [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -f "$SANDBOX_DIR/repo-server.pid"; true
 }
@@ -254,7 +267,7 @@ running() { local pid; pid=$(cat "$SANDBOX_DIR/run/$1/pid" 2>/dev/null) && kill 
 up() {
   local name=$1 port=$2 gpus=${3:-1} run=$SANDBOX_DIR/run/$1 root=$SANDBOX_DIR/nodes/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
   if running "$name"; then log "$name already running"; return; fi
-  deps; build; sshkey; standins; registry
+  deps; build; sshkey; standins; registry; hub
   rm -rf "$root" "$run"; mkdir -p "$root" "$run"
   tar -C "$root" -xf "$TAR"
   echo "$name" > "$root/etc/hostname"

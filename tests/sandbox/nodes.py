@@ -14,6 +14,28 @@ def sandbox_nodes(inventory_file: str = "inventories/sandbox.py") -> list[tuple[
     return [(h.name, int(h.data.ssh_port), max(configs[h.name].gpu_indices) + 1) for h in inventory]
 
 
+def generate_manifests(inventory_file: str = "inventories/sandbox.py", endpoint: str = "http://127.0.0.1:8802"):
+    """Generate (with the project's own generator) the manifests of every (repo, commit) the sandbox pins,
+    from the stand-in hub, into $SANDBOX_DIR/manifests/ where inventories/sandbox.py looks for them."""
+    import json
+    import os
+
+    from deploys.model_manifest import generate
+
+    out_dir = os.path.join(os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox"), "manifests")
+    os.makedirs(out_dir, exist_ok=True)
+    pins = {(configs.model_repo, configs.model_revision)
+            for configs in inventory_configs(load_inventory(inventory_file)).values()}
+    for repo, commit in sorted(pins):
+        path = os.path.join(out_dir, f"{repo.replace('/', '--')}@{commit}.json")
+        with open(path, "w") as f:
+            json.dump(generate(repo, commit, endpoint), f, indent=1, sort_keys=True)
+        print(path)
+
+
 if __name__ == "__main__":
-    for name, port, gpus in sandbox_nodes(*sys.argv[1:]):
-        print(name, port, gpus)
+    if sys.argv[1:2] == ["--manifests"]:
+        generate_manifests(*sys.argv[2:])
+    else:
+        for name, port, gpus in sandbox_nodes(*sys.argv[1:]):
+            print(name, port, gpus)

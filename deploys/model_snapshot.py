@@ -1,0 +1,187 @@
+"""Model snapshot: the pinned commit on every node, verified file by file against a trusted manifest.
+
+`push` mode: the control node downloads once (deploys/model_fetch.py), verifies that copy, and rsyncs
+to each node only what the node's own verifier reports missing or bad, in parallel streams. `present`
+mode only verifies. Either way the node's verifier (files/model_snapshot/verify_snapshot.py, stdlib
+only) writes the stamp that /usr/local/bin/inference-nodes-model-gate checks before the service starts.
+A node-side `hub` mode (each node downloading) is not built yet.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import subprocess
+import sys
+import tempfile
+from io import StringIO
+
+import gevent.lock
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.operations import apt, files
+
+from deploys.inventory import node_config, ssh_options
+from deploys.ops import fail_host, refuse
+from deploys.schema import ModelKeys, NodeConfig, defaults_of
+from facts.model import FreeBytes, ModelVerification
+
+DEFAULTS = defaults_of(ModelKeys)  # keys, defaults and meanings: README "Inventory keys"
+
+VERIFIER = "/usr/local/lib/inference-nodes/verify_snapshot.py"
+MANIFEST = "/etc/inference-nodes/model-manifest.json"
+STAMP = "/var/lib/inference-nodes/model-verified.json"
+GATE = "/usr/local/bin/inference-nodes-model-gate"
+
+_control_locks: dict[tuple, gevent.lock.Semaphore] = {}
+_control_paths: dict[tuple, str] = {}
+
+
+def render_gate(snapshot_dir: str) -> str:
+    return (
+        "#!/bin/sh\n# Managed by inference-nodes: the service's start precondition (no hashing, stamp + stat only).\n"
+        f"exec python3 {VERIFIER} --gate {MANIFEST} {snapshot_dir} --stamp {STAMP}\n"
+    )
+
+
+def control_snapshot(cfg: NodeConfig) -> str:
+    """The verified control-node copy (downloaded once per run, whichever host asks first)."""
+    key = (cfg.model_control_cache, cfg.model_repo, cfg.model_revision)
+    with _control_locks.setdefault(key, gevent.lock.Semaphore()):
+        if key not in _control_paths:
+            cmd = [sys.executable, "-m", "deploys.model_fetch", cfg.model_repo, cfg.model_revision,
+                   os.path.abspath(cfg.model_manifest), cfg.model_control_cache, cfg.model_hub_endpoint]
+            if cfg.model_hub_token_file:
+                cmd += ["--token-file", cfg.model_hub_token_file]
+            logger.info(f"control node: fetching {cfg.model_repo}@{cfg.model_revision} into {cfg.model_control_cache}")
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "model_fetch failed")
+            _control_paths[key] = proc.stdout.strip().splitlines()[-1]
+        return _control_paths[key]
+
+
+def rsync_plan(cfg: NodeConfig, control_dir: str, refetch: list[str]) -> tuple[str, str, list[str], list[str]]:
+    """(source root, node destination, paths relative to the source, rsync flags) for the layout."""
+    if cfg.model_layout == "plain":
+        return control_dir, cfg.model_root, sorted(refetch), ["-aL"]
+    repo_root = os.path.dirname(os.path.dirname(control_dir))  # models--ORG--NAME
+    paths = []
+    for rel in sorted(refetch):
+        link = f"snapshots/{cfg.model_revision}/{rel}"
+        paths.append(link)
+        paths.append(os.path.relpath(os.path.realpath(os.path.join(control_dir, rel)), repo_root))
+    return repo_root, cfg.model_dir, paths, ["-a"]
+
+
+def split_streams(paths: list[str], sizes: dict[str, int], streams: int) -> list[list[str]]:
+    """Largest first onto the least-loaded stream."""
+    buckets: list[tuple[int, list[str]]] = [(0, []) for _ in range(max(1, min(streams, len(paths))))]
+    for p in sorted(paths, key=lambda p: -sizes.get(p, 0)):
+        i = min(range(len(buckets)), key=lambda k: buckets[k][0])
+        load, items = buckets[i]
+        buckets[i] = (load + sizes.get(p, 0), items + [p])
+    return [items for _, items in buckets if items]
+
+
+def _push(state, host, refetch: list[str]) -> bool:
+    cfg = node_config(host)
+    try:
+        control_dir = control_snapshot(cfg)
+    except RuntimeError as e:
+        host.log_styled(f"control-node download failed: {e}", fg="red", log_func=logger.error)
+        return False
+    src, dest, paths, flags = rsync_plan(cfg, control_dir, refetch)
+    sizes = {p: os.path.getsize(os.path.join(src, p)) for p in paths if os.path.exists(os.path.join(src, p))}
+    data = host.data.dict()
+    ssh = "ssh " + " ".join(f"-o {o}" for o in ssh_options(data))
+    target = f"{data.get('ssh_hostname') or host.name}:{dest}/"
+    extra = ["--rsync-path", "sudo rsync"] if data.get("_sudo") else []
+    procs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, group in enumerate(split_streams(paths, sizes, cfg.model_rsync_streams)):
+            listing = os.path.join(tmp, f"files-{n}")
+            with open(listing, "w") as f:
+                f.write("\n".join(group) + "\n")
+            cmd = ["rsync", *flags, "--partial", "--mkpath", "--files-from", listing, "-e", ssh, *extra,
+                   f"{src}/", target]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        failed = []
+        for proc in procs:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                failed.append(err.strip()[-500:])
+    if failed:
+        host.log_styled(f"rsync to {dest} failed: {' | '.join(failed)}", fg="red", log_func=logger.error)
+        return False
+    host.log_styled(f"pushed {len(refetch)} file(s), {sum(sizes.values())} bytes, in {len(procs)} stream(s)",
+                    log_func=logger.info)
+    return True
+
+
+@operation()
+def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str):
+    """Verify the node's snapshot; in `push` mode fetch exactly the missing/bad files, then verify in full.
+
+    + mode: push or present
+    + snapshot_dir: the files of the pinned commit on the node
+    + dest_dir: where fetched files land (free disk is checked there first)
+    """
+    result = host.get_fact(ModelVerification, verifier=VERIFIER, manifest=MANIFEST, snapshot_dir=snapshot_dir,
+                           stamp=STAMP)
+    if result.get("ok"):
+        host.noop(f"{result['files']} files verified ({result['mode']}), {result['manifest_digest']}")
+        return
+    problems = result.get("problems", [])
+    if mode == "present":
+        yield fail_host(f"{host.name}: model snapshot {snapshot_dir} is not the pinned one (model_sync_mode "
+                        f"present fetches nothing): {'; '.join(problems[:20]) or 'not verified'}")
+        return
+    refetch, extra = result.get("refetch", []), result.get("extra", [])
+    needed = result.get("refetch_bytes", 0)
+    free = host.get_fact(FreeBytes, path=dest_dir)
+    if free < needed:
+        yield fail_host(f"{host.name}: too little disk for the model at {dest_dir}: {needed} bytes needed, "
+                        f"{free} bytes free")
+        return
+    logger.info(f"{host.name}: model snapshot needs {len(refetch)} file(s) ({needed} bytes): "
+                f"{'; '.join(problems[:10])}")
+    stale = sorted(set(refetch) | set(extra))
+    if stale:  # bad files (and, in the cache layout, the blobs they point to) go before the fetch
+        script = ('cd "$1" || exit 0; shift; for f in "$@"; do t=$(readlink -f -- "$f"); rm -f -- "$f"; '
+                  'case "$t" in "$0"/*) rm -f -- "$t";; esac; done')
+        yield StringCommand("sh", "-c", QuoteString(script), QuoteString(dest_dir), QuoteString(snapshot_dir),
+                            *(QuoteString(p) for p in stale))
+    if refetch:
+        yield FunctionCommand(_push, (refetch,), {})
+    yield StringCommand("python3", VERIFIER, MANIFEST, QuoteString(snapshot_dir), "--stamp", STAMP, "--full")
+
+
+@deploy("Model snapshot", data_defaults=DEFAULTS)
+def model_snapshot():
+    cfg: NodeConfig = node_config()
+    if cfg.model_manifest is None:
+        fail = f"{host.name}: no trusted manifest (model_manifest): generate one with `python -m " \
+               f"deploys.model_manifest {cfg.model_repo} {cfg.model_revision}`, review and commit it"
+        refuse(name="Refuse a model without a trusted manifest", message=fail)
+        return
+    apt.packages(name="Install what the verifier and rsync need", packages=["python3", "rsync"],
+                 update=True, cache_time=86400)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files.put(name="Install the snapshot verifier", src=os.path.join(here, "files/model_snapshot/verify_snapshot.py"),
+              dest=VERIFIER, user="root", group="root", mode="0755", create_remote_dir=True)
+    files.put(name="Install the trusted manifest", src=cfg.model_manifest, dest=MANIFEST,
+              user="root", group="root", mode="0644", create_remote_dir=True)
+    files.directory(name="Create the verify stamp directory", path=posixpath.dirname(STAMP),
+                    user="root", group="root", mode="0755")
+    files.put(name="Install the model start gate", src=StringIO(render_gate(cfg.snapshot_dir)), dest=GATE,
+              user="root", group="root", mode="0755")
+    if cfg.model_layout == "hf_cache":
+        files.put(name="Write refs/main (offline loads, cache tools)", src=StringIO(cfg.model_revision),
+                  dest=f"{cfg.model_dir}/refs/main", user="root", group="root", mode="0644", create_remote_dir=True)
+    snapshot_synced(
+        name="Sync and verify the model snapshot",
+        mode=cfg.model_sync_mode,
+        snapshot_dir=cfg.snapshot_dir,
+        dest_dir=cfg.model_dir if cfg.model_layout == "hf_cache" else cfg.model_root,
+    )
