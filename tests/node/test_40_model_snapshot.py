@@ -1,0 +1,100 @@
+"""Model snapshot on sandbox nodes: corrupt / truncated / missing shards are named, the start gate stays
+shut until the next converge repairs exactly those files; too little disk is refused before anything is
+fetched; a refused hub token is a clear error that never shows the token.
+
+Runs after the earlier modules on the same session nodes (test_10 converged them, model included).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra
+
+PLAIN = "/srv/models/DeepSeek-V4-Flash-0731"  # gb10_dspark: plain layout
+CACHE = "/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731"  # rtx_pro_6000_pair: HF cache layout
+SYNC = "Model snapshot | Sync and verify the model snapshot"
+
+
+def gate(node: str) -> subprocess.CompletedProcess:
+    return on_node(node, "inference-nodes-model-gate")
+
+
+def test_every_node_verified_against_the_same_manifest_per_cluster(sandbox):
+    digests = {}
+    for node in sandbox:
+        proc = gate(node)
+        assert proc.returncode == 0, proc.stderr
+        digests[node] = proc.stdout.split("verified against ")[1].split()[0]
+    assert digests["sandbox-b0"] == digests["sandbox-b1"] != digests["sandbox-a"]
+
+
+def test_corrupt_truncated_and_missing_shards_are_named_and_repaired_alone(sandbox):
+    node = "sandbox-a"
+    snap = f"{CACHE}/snapshots/7872f01b1d1fe23eabc4c98b48bffcef5a386062"
+    damage = (f"printf 'XXXX' | dd of=$(readlink -f {snap}/model-00001-of-00004.safetensors) bs=1 seek=4096 conv=notrunc 2>/dev/null; "
+              f"truncate -s 100 $(readlink -f {snap}/model-00002-of-00004.safetensors); "
+              f"rm $(readlink -f {snap}/model-00003-of-00004.safetensors)")
+    assert on_node(node, damage).returncode == 0
+    shut = gate(node)
+    assert shut.returncode == 1 and "changed since it was verified" in shut.stderr
+
+    present = pyinfra(INVENTORY, "deploys/all.py", "--limit", node, "--data", 'model_sync_mode="present"', check=False)
+    assert present.returncode == 1
+    for named in ("HASH model-00001-of-00004.safetensors", "SIZE model-00002-of-00004.safetensors: 100 bytes",
+                  "MISSING model-00003-of-00004.safetensors (dangling link)"):
+        assert named in present.stderr
+    assert gate(node).returncode == 1, "the gate stays shut while the snapshot is bad"
+
+    repaired = pyinfra("-v", "--json", INVENTORY, "deploys/all.py", "--limit", node)
+    assert changed_operations(repaired) == [(SYNC, [node])]
+    assert "pushed 3 file(s)" in repaired.stderr
+    assert gate(node).returncode == 0
+
+
+def test_too_little_disk_is_refused_before_fetching(sandbox):
+    node = "sandbox-b1"
+    assert on_node(node, f"rm -rf {PLAIN} && mkdir -p {PLAIN} && mount -t tmpfs -o size=4m tmpfs {PLAIN}").returncode == 0
+    try:
+        # the entry point: preflight refuses it from model_size_gb, before any operation
+        proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", node, check=False)
+        assert proc.returncode == 1
+        assert f"host {node}: too little disk for the model at {PLAIN}: 4194304 bytes free" in proc.stderr
+        # the model component alone: from the exact bytes its verifier says are missing
+        proc = pyinfra(INVENTORY, "deploys.model_snapshot.model_snapshot", "--limit", node, check=False)
+        assert proc.returncode == 1
+        assert f"{node}: too little disk for the model at {PLAIN}: " in proc.stderr
+        assert "bytes needed, 4194304 bytes free" in proc.stderr
+        assert on_node(node, f"ls -A {PLAIN}").stdout.strip() == "", "nothing was fetched"
+    finally:
+        on_node(node, f"umount {PLAIN}")
+    changed = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node))
+    assert changed == [(SYNC, [node])]
+    assert gate(node).returncode == 0
+
+
+def test_refused_hub_token_is_a_clear_error_and_never_printed(sandbox, tmp_path):
+    from tests.sandbox.standin_hub import serve
+
+    token = "hf_sandboxSecretToken0123456789"
+    srv = serve(token="the-right-one")
+    try:
+        token_file = tmp_path / "token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        node = "sandbox-b0"
+        assert on_node(node, f"rm {PLAIN}/model-00004-of-00004.safetensors").returncode == 0
+        proc = pyinfra("-vv", INVENTORY, "deploys/all.py", "--limit", node,
+                       "--data", f'model_hub_endpoint="http://127.0.0.1:{srv.server_address[1]}"',
+                       "--data", f'model_hub_token_file="{token_file}"',
+                       "--data", f'model_control_cache="{tmp_path / "cache"}"', check=False)
+        assert proc.returncode == 1
+        assert "the hub refused deepseek-ai/DeepSeek-V4-Flash-0731@9e165c30e2704aec5d9d593cce3eebd58bbef1cb (HTTP 401)" in proc.stderr
+        assert token not in proc.stdout + proc.stderr
+    finally:
+        srv.shutdown()
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == [(SYNC, [node])]
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
