@@ -37,6 +37,7 @@ def sandbox():
             pytest.fail(f"node tier cannot run under CI: {reason}")
         pytest.skip(reason)
     nodes = sandbox_nodes(INVENTORY)
+    subprocess.run([NODE_SH, "down-all"], check=False)  # fresh nodes: a leftover `make demo` node is not
     try:
         for name, port, gpus in nodes:
             subprocess.run([NODE_SH, "up", name, str(port), str(gpus)], check=True)
