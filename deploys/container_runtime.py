@@ -9,19 +9,17 @@ Podman 4.9.3 (Ubuntu 24.04) cannot read; the refresh unit's env file turns that 
 
 from __future__ import annotations
 
-import hashlib
 from io import StringIO
 
 from packaging.version import Version
 from pyinfra import host, logger
-from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
-from pyinfra.facts.files import Sha256File
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.server import Command
 from pyinfra.operations import apt, files, systemd
 from pyinfra.operations.util import any_changed
 
 from deploys.inventory import node_config
-from deploys.ops import apt_held, fail_host, keyring_verified
+from deploys.ops import apt_held, fail_host, keyring_verified, secret_file
 from deploys.schema import ContainerRuntimeKeys, NodeConfig, defaults_of
 from facts.containers import CdiSpec, PodmanImageDigest, PodmanVersion
 from facts.nvidia import NvidiaKernelModule
@@ -121,27 +119,6 @@ def cdi_spec_current(path: str, gpu_indices: list[int], module_root: str, no_add
     logger.info(f"{host.name}: regenerating the CDI spec ({problem})")
     yield StringCommand("systemctl", "restart", "nvidia-cdi-refresh.service")
     yield FunctionCommand(_check_spec_after_refresh, (path, gpu_indices, module_root, no_additional_gids), {})
-
-
-@operation()
-def secret_file(src: str, dest: str):
-    """Copy a secret from the control node, mode 0600 root, without ever printing its content
-    (files.put would show it under --diff).
-
-    + src: control-node path
-    + dest: node path
-    """
-    with open(src, "rb") as f:
-        local = hashlib.sha256(f.read()).hexdigest()
-    remote = host.get_fact(Sha256File, path=dest)
-    mode = host.get_fact(Command, command=f"stat -c '%U %a' {dest} 2>/dev/null || true")
-    if remote == local and mode == "root 600":
-        host.noop(f"{dest} up to date (0600)")
-        return
-    yield StringCommand("install", "-d", "-m", "0700", "-o", "root", "-g", "root", QuoteString(dest.rsplit("/", 1)[0]))
-    yield StringCommand("touch", QuoteString(dest), "&&", "chmod", "0600", QuoteString(dest))
-    yield FileUploadCommand(src, dest)
-    yield StringCommand("chown", "root:root", QuoteString(dest), "&&", "chmod", "0600", QuoteString(dest))
 
 
 @operation()

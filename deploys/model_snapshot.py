@@ -1,10 +1,11 @@
 """Model snapshot: the pinned commit on every node, verified file by file against a trusted manifest.
 
 `push` mode: the control node downloads once (deploys/model_fetch.py), verifies that copy, and rsyncs
-to each node only what the node's own verifier reports missing or bad, in parallel streams. `present`
-mode only verifies. Either way the node's verifier (files/model_snapshot/verify_snapshot.py, stdlib
-only) writes the stamp that /usr/local/bin/inference-nodes-model-gate checks before the service starts.
-A node-side `hub` mode (each node downloading) is not built yet.
+to each node only what the node's own verifier reports missing or bad, in parallel streams. `hub` mode:
+each node downloads with the pinned huggingface_hub in a venv the deploy manages (wheels pushed from the
+control node, so nodes need no package index). `present` mode only verifies. Either way the node's
+verifier (files/model_snapshot/verify_snapshot.py, stdlib only) writes the stamp that
+/usr/local/bin/inference-nodes-model-gate checks before the service starts.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import sys
 import tempfile
 from io import StringIO
 
+import importlib.metadata
+
 import gevent.lock
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.facts.server import Command
 from pyinfra.operations import apt, files
 
 from deploys.inventory import node_config, ssh_options
-from deploys.ops import fail_host, refuse
+from deploys.ops import fail_host, refuse, secret_file
 from deploys.schema import ModelKeys, NodeConfig, defaults_of
 from facts.model import FreeBytes, ModelVerification
 
@@ -32,6 +36,10 @@ VERIFIER = "/usr/local/lib/inference-nodes/verify_snapshot.py"
 MANIFEST = "/etc/inference-nodes/model-manifest.json"
 STAMP = "/var/lib/inference-nodes/model-verified.json"
 GATE = "/usr/local/bin/inference-nodes-model-gate"
+HUB_DOWNLOAD = "/usr/local/lib/inference-nodes/hub_download.py"
+HUB_TOKEN = "/etc/inference-nodes/secrets/hf-token"
+NODE_WHEELS = "/var/cache/inference-nodes/wheels"
+HUB_VERSION = importlib.metadata.version("huggingface_hub")  # pinned in pyproject.toml
 
 _control_locks: dict[tuple, gevent.lock.Semaphore] = {}
 _control_paths: dict[tuple, str] = {}
@@ -119,6 +127,56 @@ def _push(state, host, refetch: list[str]) -> bool:
     return True
 
 
+_wheel_locks: dict[str, gevent.lock.Semaphore] = {}
+
+
+def control_wheels(pyver: str, machine: str) -> list[str]:
+    """huggingface_hub==HUB_VERSION and its dependencies as wheels for the node's Python and CPU, downloaded
+    once per (version, arch) into a control-node cache."""
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
+                         "inference-nodes", "wheels", f"cp{pyver}-{machine}-hf{HUB_VERSION}")
+    with _wheel_locks.setdefault(cache, gevent.lock.Semaphore()):
+        if not os.path.exists(os.path.join(cache, ".complete")):
+            os.makedirs(cache, exist_ok=True)
+            platforms = []
+            for tag in ("manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux_2_34", "manylinux_2_31"):
+                platforms += ["--platform", f"{tag}_{machine}"]
+            cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", pyver,
+                   "--implementation", "cp", *platforms, "-d", cache, f"huggingface_hub=={HUB_VERSION}"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"pip download for cp{pyver}/{machine} failed: {proc.stderr.strip()[-400:]}")
+            open(os.path.join(cache, ".complete"), "w").close()
+    return sorted(os.path.join(cache, f) for f in os.listdir(cache) if f.endswith(".whl"))
+
+
+@operation()
+def hub_client_installed(venv: str):
+    """The pinned huggingface_hub in ``venv`` on the node, installed from wheels the control node pushes.
+
+    + venv: the venv path on the node
+    """
+    have = host.get_fact(Command, command=f"{venv}/bin/python -c 'import huggingface_hub as h; print(h.__version__)' "
+                                          "2>/dev/null || true")
+    if have == HUB_VERSION:
+        host.noop(f"huggingface_hub {HUB_VERSION} in {venv}")
+        return
+    node = host.get_fact(Command, command="python3 -c 'import sys, platform; "
+                                          "print(f\"{sys.version_info[0]}{sys.version_info[1]} {platform.machine()}\")'")
+    pyver, machine = node.split()
+    try:
+        wheels = control_wheels(pyver, machine)
+    except RuntimeError as e:
+        yield fail_host(f"{host.name}: {e}")
+        return
+    yield StringCommand("rm", "-rf", NODE_WHEELS, "&&", "mkdir", "-p", NODE_WHEELS)
+    for wheel in wheels:
+        yield FileUploadCommand(wheel, f"{NODE_WHEELS}/{os.path.basename(wheel)}")
+    yield StringCommand("python3", "-m", "venv", "--clear", venv)
+    yield StringCommand(f"{venv}/bin/pip", "install", "-q", "--no-index", "--find-links", NODE_WHEELS,
+                        f"huggingface_hub=={HUB_VERSION}")
+
+
 @operation()
 def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str):
     """Verify the node's snapshot; in `push` mode fetch exactly the missing/bad files, then verify in full.
@@ -147,13 +205,22 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str):
     logger.info(f"{host.name}: model snapshot needs {len(refetch)} file(s) ({needed} bytes): "
                 f"{'; '.join(problems[:10])}")
     stale = sorted(set(refetch) | set(extra))
-    if stale:  # bad files (and, in the cache layout, the blobs they point to) go before the fetch
-        script = ('cd "$1" || exit 0; shift; for f in "$@"; do t=$(readlink -f -- "$f"); rm -f -- "$f"; '
-                  'case "$t" in "$0"/*) rm -f -- "$t";; esac; done')
+    if stale:  # bad files (the cache layout's blobs, local_dir metadata too) go before the fetch
+        script = ('cd "$1" || exit 0; shift; for f in "$@"; do t=$(readlink -f -- "$f"); rm -f -- "$f" '
+                  '".cache/huggingface/download/$f.metadata"; case "$t" in "$0"/*) rm -f -- "$t";; esac; done')
         yield StringCommand("sh", "-c", QuoteString(script), QuoteString(dest_dir), QuoteString(snapshot_dir),
                             *(QuoteString(p) for p in stale))
-    if refetch:
+    if refetch and mode == "push":
         yield FunctionCommand(_push, (refetch,), {})
+    elif refetch:
+        cfg = node_config()
+        # orphaned partial downloads are never resumed by huggingface_hub: clear them first
+        yield StringCommand("find", QuoteString(dest_dir), "-name", "'*.incomplete'", "-type", "f", "-delete")
+        dest = f"{cfg.model_root}/hub" if cfg.model_layout == "hf_cache" else cfg.model_root
+        token = HUB_TOKEN if cfg.model_hub_token_file else ""
+        yield StringCommand(f"{cfg.model_hub_venv}/bin/python", HUB_DOWNLOAD, QuoteString(cfg.model_repo),
+                            cfg.model_revision, cfg.model_layout, QuoteString(dest),
+                            QuoteString(cfg.model_hub_endpoint), token)
     yield StringCommand("python3", VERIFIER, MANIFEST, QuoteString(snapshot_dir), "--stamp", STAMP, "--full")
 
 
@@ -176,6 +243,16 @@ def model_snapshot():
                     user="root", group="root", mode="0755")
     files.put(name="Install the model start gate", src=StringIO(render_gate(cfg.snapshot_dir)), dest=GATE,
               user="root", group="root", mode="0755")
+    if cfg.model_sync_mode == "hub":
+        apt.packages(name="Install python3-venv for the hub client", packages=["python3-venv"],
+                     update=True, cache_time=86400)
+        hub_client_installed(name=f"Install huggingface_hub {HUB_VERSION} (wheels from the control node)",
+                             venv=cfg.model_hub_venv)
+        files.put(name="Install the hub download helper", src=os.path.join(here, "files/model_snapshot/hub_download.py"),
+                  dest=HUB_DOWNLOAD, user="root", group="root", mode="0755")
+        if cfg.model_hub_token_file:
+            secret_file(name="Install the hub token (0600, never printed)", src=cfg.model_hub_token_file,
+                        dest=HUB_TOKEN)
     if cfg.model_layout == "hf_cache":
         files.put(name="Write refs/main (offline loads, cache tools)", src=StringIO(cfg.model_revision),
                   dest=f"{cfg.model_dir}/refs/main", user="root", group="root", mode="0644", create_remote_dir=True)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.facts.files import Sha256File
+from pyinfra.facts.server import Command
 
 from facts.apt import AptHolds, KeyringFingerprints
 
@@ -61,3 +65,24 @@ def apt_held(packages: list[str]):
         host.noop(f"{len(packages)} package(s) held")
         return
     yield StringCommand("apt-mark", "hold", *missing)
+
+
+@operation()
+def secret_file(src: str, dest: str):
+    """Copy a secret from the control node, mode 0600 root, without ever printing its content
+    (files.put would show it under --diff).
+
+    + src: control-node path
+    + dest: node path
+    """
+    with open(src, "rb") as f:
+        local = hashlib.sha256(f.read()).hexdigest()
+    remote = host.get_fact(Sha256File, path=dest)
+    mode = host.get_fact(Command, command=f"stat -c '%U %a' {dest} 2>/dev/null || true")
+    if remote == local and mode == "root 600":
+        host.noop(f"{dest} up to date (0600)")
+        return
+    yield StringCommand("install", "-d", "-m", "0700", "-o", "root", "-g", "root", QuoteString(dest.rsplit("/", 1)[0]))
+    yield StringCommand("touch", QuoteString(dest), "&&", "chmod", "0600", QuoteString(dest))
+    yield FileUploadCommand(src, dest)
+    yield StringCommand("chown", "root:root", QuoteString(dest), "&&", "chmod", "0600", QuoteString(dest))

@@ -160,10 +160,15 @@ class ModelKeys(_Keys):
         description="trusted manifest: `files/manifests/<org>--<name>@<commit>.json` (committed after review) or an "
         "absolute control-node path; its repo/commit must be `model_repo`/`model_revision`",
     )
-    model_sync_mode: Literal["push", "present"] = _key(
+    model_sync_mode: Literal["hub", "push", "present"] = _key(
         "push",
-        description="`push`: the control node downloads once, verifies, rsyncs what each node lacks; `present`: "
-        "only verify (a node-side `hub` mode is not built yet)",
+        description="`hub`: each node downloads with huggingface_hub; `push`: the control node downloads once, "
+        "verifies, rsyncs what each node lacks; `present`: only verify",
+    )
+    model_hub_venv: AbsPath = _key(
+        "/opt/inference-nodes/hub-venv",
+        description="venv the `hub` mode manages on the node (the pinned huggingface_hub, wheels pushed from the "
+        "control node)",
     )
     model_hub_endpoint: str = _key("https://huggingface.co", description="hub URL (HF_ENDPOINT)",
                                    pattern=r"^https?://\S+$")

@@ -98,3 +98,43 @@ def test_refused_hub_token_is_a_clear_error_and_never_printed(sandbox, tmp_path)
         srv.shutdown()
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == [(SYNC, [node])]
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
+
+
+def test_hub_mode_downloads_on_the_node_and_resumes_after_an_interruption(sandbox):
+    node = "sandbox-a"  # HF cache layout
+    hub = ["--limit", node, "--data", 'model_sync_mode="hub"']
+    # an interrupted earlier download: one shard missing, its orphaned partial blob left behind
+    snap = f"{CACHE}/snapshots/7872f01b1d1fe23eabc4c98b48bffcef5a386062"
+    assert on_node(node, f"b=$(readlink -f {snap}/model-00004-of-00004.safetensors); rm {snap}/model-00004-of-00004.safetensors "
+                         f"$b; head -c 1000 /dev/zero > $b.1a2b3c4d.incomplete").returncode == 0
+    first = pyinfra("--json", INVENTORY, "deploys/all.py", *hub)
+    changed = [name for name, _ in changed_operations(first)]
+    assert "Model snapshot | Install huggingface_hub 2.4.0 (wheels from the control node)" in changed
+    assert SYNC in changed
+    assert gate(node).returncode == 0
+    assert on_node(node, f"find {CACHE} -name '*.incomplete' | wc -l").stdout.strip() == "0"
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", *hub)) == []
+
+
+def test_hub_mode_refused_token_on_the_node(sandbox, tmp_path):
+    from tests.sandbox.standin_hub import serve
+
+    node = "sandbox-a"
+    token = "hf_nodeSideSecretToken9876543210"
+    srv = serve(token="the-right-one")
+    try:
+        token_file = tmp_path / "token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        assert on_node(node, f"rm -f {CACHE}/snapshots/*/config.json").returncode == 0
+        proc = pyinfra("-vv", INVENTORY, "deploys/all.py", "--limit", node, "--data", 'model_sync_mode="hub"',
+                       "--data", f'model_hub_endpoint="http://127.0.0.1:{srv.server_address[1]}"',
+                       "--data", f'model_hub_token_file="{token_file}"', check=False)
+        assert proc.returncode == 1
+        assert "the hub refused deepseek-ai/DeepSeek-V4-Flash-0731@7872f01b1d1fe23eabc4c98b48bffcef5a386062 (HTTP 401)" in proc.stderr
+        assert token not in proc.stdout + proc.stderr
+        assert on_node(node, "stat -c '%a' /etc/inference-nodes/secrets/hf-token").stdout.strip() == "600"
+    finally:
+        srv.shutdown()
+    pyinfra(INVENTORY, "deploys/all.py", "--limit", node)  # push mode repairs it
+    assert gate(node).returncode == 0
