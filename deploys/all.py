@@ -1,11 +1,12 @@
 """Entry point: `pyinfra -y inventories/lab.py deploys/all.py`.
 
 Order: validate -> preflight -> NVIDIA driver -> container runtime -> host tuning -> model snapshot ->
-(service: not yet). Components still to come are absent, not stubbed.
+inference service.
 """
 
 from deploys.container_runtime import container_runtime
 from deploys.host_tuning import host_tuning
+from deploys.inference_service import inference_service
 from deploys.model_snapshot import model_snapshot
 from deploys.nvidia_driver import nvidia_driver
 from deploys.preflight import preflight
@@ -17,3 +18,4 @@ nvidia_driver()
 container_runtime()
 host_tuning()
 model_snapshot()
+inference_service()

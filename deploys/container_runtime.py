@@ -151,7 +151,9 @@ def image_present(image: str, digest: str | None, authfile: str | None = None):
 @deploy("Container runtime", data_defaults=DEFAULTS)
 def container_runtime():
     cfg: NodeConfig = node_config()
-    apt.packages(name="Install Podman from the distribution", packages=["podman"], update=True, cache_time=86400)
+    # catatonit: the init a unit with RunInit=true (deployment A) needs; a Recommends that minimal installs skip
+    apt.packages(name="Install Podman from the distribution", packages=["podman", "catatonit"], update=True,
+                 cache_time=86400)
     podman_at_least(name=f"Check Podman >= {cfg.podman_min_version}", minimum=cfg.podman_min_version)
 
     apt.packages(name="Install what fetching and checking repo keys needs", packages=["curl", "gpg", "ca-certificates"],

@@ -1,8 +1,9 @@
 """Inference service: one Quadlet `.container` unit per node, rendered from inventory for every reference
 deployment, valid for the oldest Podman the lab runs (4.9.3, Ubuntu 24.04).
 
-Rendering only, so far: the deploy that installs the units, creates the JIT directories and starts
-workers before heads is not built yet (deploys/all.py does not call anything from here).
+The deploy installs the unit and its helpers, creates the persistent JIT/tmp directories, and starts
+workers (rank > 0) before heads; it restarts a running service only when its fingerprint (unit, fabric
+env, image) changed, so a converge leaves a healthy service alone.
 
 4.9.3 traps the renderer avoids: an unknown [Container] key makes the generator drop the whole unit (so
 every key is checked against files/inference_service/quadlet-container-keys-podman-4.9.3.txt); only the
@@ -12,10 +13,22 @@ refused (validation already rejects the pair).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
+from io import StringIO
 
-from deploys.schema import NodeConfig
+from pyinfra import host
+from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.facts.server import Command
+from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.operations import files, systemd
+
+from deploys.host_tuning import render_fabric_env
+from deploys.inventory import inventory_configs, node_config
+from deploys.schema import ContainerKeys, NodeConfig, defaults_of
+
+DEFAULTS = defaults_of(ContainerKeys)  # keys, defaults and meanings: README "Inventory keys"
 
 UNIT_DIR = "/etc/containers/systemd"
 GATE = "/usr/local/bin/inference-nodes-model-gate"
@@ -66,6 +79,9 @@ def service_environment(cfg: NodeConfig, head: NodeConfig | None, nodes: int) ->
     env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.gpu_indices))
     env["MODEL_PATH"] = model_path_in_container(cfg)
     env["HF_HUB_OFFLINE"] = "1"
+    # where the API must listen, for entrypoints that take it from the environment
+    env["INFERENCE_API_HOST"] = cfg.api_bind_address
+    env["INFERENCE_API_PORT"] = str(cfg.api_port)
     if nodes > 1:
         env["NODE_RANK"] = str(cfg.node_rank)
         env["NNODES"] = str(nodes)
@@ -91,9 +107,7 @@ def podman_args(cfg: NodeConfig) -> str:
 
 
 def exec_line(cfg: NodeConfig) -> str | None:
-    args = []
-    if cfg.container_exec:
-        args.append(cfg.container_exec)
+    args = shlex.split(cfg.container_exec) if cfg.container_exec else []
     args += cfg.vllm_args
     if cfg.vllm_args or not cfg.container_exec:
         args += ["--host", cfg.api_bind_address, "--port", str(cfg.api_port)]
@@ -154,3 +168,70 @@ def render_cluster(configs: dict[str, NodeConfig]) -> dict[str, str]:
         head = next((c for c in members if c.node_rank == 0), None)
         out[name] = render_container(cfg, head, len(members))
     return out
+
+
+ROCE_HELPER = "/usr/local/lib/inference-nodes/roce_gid.py"
+FINGERPRINTS = "/var/lib/inference-nodes"
+
+
+def cluster_of(cfg: NodeConfig) -> tuple[NodeConfig | None, int]:
+    members = [c for c in inventory_configs(host.inventory).values() if c.cluster_name == cfg.cluster_name]
+    return next((c for c in members if c.node_rank == 0), None), len(members)
+
+
+def fingerprint(unit_text: str, cfg: NodeConfig) -> str:
+    """What a restart must follow: the unit, the fabric env it reads, the image."""
+    material = unit_text + render_fabric_env(cfg) + cfg.image_ref
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+@operation()
+def service_current(service: str, fingerprint: str, act: bool = True):
+    """Start ``service`` if it is down, restart it if its fingerprint changed, else leave it alone.
+    The model gate runs first so a bad snapshot is reported here, not only in the journal.
+
+    + service: the generated service name
+    + fingerprint: hash of what the running service was started from
+    + act: False for hosts whose turn is another operation (workers start before heads)
+    """
+    if not act:
+        host.noop("started in the other rank-ordered step")
+        return
+    running = host.get_fact(SystemdStatus).get(service)
+    stamp = f"{FINGERPRINTS}/{service}.fingerprint"
+    started_from = host.get_fact(Command, command=f"cat {stamp} 2>/dev/null || true")
+    if running and started_from == fingerprint:
+        host.noop(f"{service} running, unchanged")
+        return
+    yield StringCommand(GATE)
+    yield StringCommand("systemctl", "restart" if running else "start", service)
+    yield StringCommand("echo", fingerprint, ">", stamp)
+
+
+@deploy("Inference service", data_defaults=DEFAULTS)
+def inference_service():
+    cfg: NodeConfig = node_config()
+    head, nodes = cluster_of(cfg)
+    unit_text = render_container(cfg, head, nodes)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files.put(name="Install the RoCE GID lookup", src=os.path.join(here, "files/inference_service/roce_gid.py"),
+              dest=ROCE_HELPER, user="root", group="root", mode="0755", create_remote_dir=True)
+    files.put(name="Install its start-time wrapper",
+              src=StringIO(f"#!/bin/sh\nexec python3 {ROCE_HELPER} \"$@\" --sysfs {cfg.roce_sysfs_root}\n"),
+              dest=ROCE_GID, user="root", group="root", mode="0755")
+    for path in (cfg.jit_cache_dir, cfg.container_tmp_dir):
+        if path:
+            files.directory(name="Create the persistent JIT cache and tmp directories", path=path,
+                            user="root", group="root", mode="0755")
+    files.directory(name="Create the fingerprint directory", path=FINGERPRINTS, user="root", group="root",
+                    mode="0755")
+    unit = files.put(name="Install the Quadlet unit", src=StringIO(unit_text),
+                     dest=f"{UNIT_DIR}/{cfg.container_name}.container", user="root", group="root", mode="0644",
+                     create_remote_dir=True)
+    systemd.daemon_reload(name="Run the Quadlet generator (daemon-reload)", _if=unit.did_change)
+    service = f"{cfg.container_name}.service"
+    fp = fingerprint(unit_text, cfg)
+    service_current(name="Start or update workers (rank > 0) before heads", service=service, fingerprint=fp,
+                    act=cfg.node_rank > 0)
+    service_current(name="Start or update heads and single nodes", service=service, fingerprint=fp,
+                    act=cfg.node_rank == 0)

@@ -254,6 +254,9 @@ class ContainerKeys(_Keys):
     api_protected_by: str | None = _key(
         None, description="how a non-loopback API is protected (required when `api_bind_address` is not loopback)"
     )
+    roce_sysfs_root: AbsPath = _key(
+        "/sys", description="sysfs the RoCE GID lookup reads at service start (`/sys`; the sandbox has a stand-in tree)"
+    )
     service_timeout_start_sec: int = _key(3600, description="`TimeoutStartSec=`: first start compiles and loads ~160 GB", ge=1)
     service_timeout_stop_sec: int = _key(120, description="`TimeoutStopSec=`", ge=1)
     service_restart_sec: int = _key(30, description="`RestartSec=` after a failure", ge=0)

@@ -12,7 +12,7 @@ __all__ = [
     "node_arch", "model_size_gb", "nvidia_repo_url", "nvidia_repo_key_url", "nvidia_repo_key_fingerprint",
     "nvidia_module_root", "allow_reboot", "nvidia_toolkit_repo_url", "nvidia_toolkit_key_url",
     "nvidia_toolkit_key_fingerprint", "registries", "registry_auth_file", "image_digest", "model_hub_endpoint",
-    "model_control_cache",
+    "model_control_cache", "container_exec", "vllm_args", "roce_sysfs_root", "limits_memlock", "limits_nofile",
 ]
 
 _dir = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
@@ -28,6 +28,10 @@ def _read(path: str, missing: str) -> str:
 
 # The sandbox nodes run on this machine's CPU, whatever the profile's real hardware is.
 node_arch = platform.machine()
+# This machine's hard caps (no CAP_SYS_RESOURCE): the nodes' processes and containers cannot go above them.
+limits_memlock = 8388608
+limits_nofile = 20000
+
 # The stand-in hub serves a small generated repo, not the 167 GB checkpoint.
 model_size_gb = 0.1
 model_hub_endpoint = "http://127.0.0.1:8802"
@@ -43,6 +47,12 @@ nvidia_toolkit_key_fingerprint = nvidia_repo_key_fingerprint
 nvidia_module_root = "/run/stand-in-gpu"
 # Throwaway nodes: a driver install reboots them, as a lab would after `allow_reboot: true`.
 allow_reboot = True
+
+# The service image is a stand-in (tests/sandbox/standin_server.py): an OpenAI-compatible server.
+container_exec = "/usr/bin/python3 /srv/standin_server.py"
+vllm_args = []
+# A stand-in RoCE sysfs tree per node (tests/sandbox/node.sh), the fabric address at a node-specific index.
+roce_sysfs_root = "/srv/stand-in-sysfs"
 
 # Every profile's registry is mirrored by the local one (pull by digest goes to the mirror).
 registries = [

@@ -39,10 +39,10 @@ def sandbox():
     nodes = sandbox_nodes(INVENTORY)
     subprocess.run([NODE_SH, "down-all"], check=False)  # fresh nodes: a leftover `make demo` node is not
     try:
-        for name, port, gpus in nodes:
-            subprocess.run([NODE_SH, "up", name, str(port), str(gpus)], check=True)
+        for name, port, gpus, fabric in nodes:
+            subprocess.run([NODE_SH, "up", name, str(port), str(gpus), fabric], check=True)
         subprocess.run([sys.executable, "-m", "tests.sandbox.nodes", "--manifests"], check=True)
-        yield [name for name, _, _ in nodes]
+        yield [name for name, *_ in nodes]
     finally:
         subprocess.run([NODE_SH, "down-all"], check=False)
 

@@ -4,8 +4,10 @@
 #
 #   node.sh deps                  install the host packages the harness needs
 #   node.sh build                 build (or reuse) the cached rootfs tarball
-#   node.sh up NAME PORT [GPUS]   boot a fresh node from the tarball (idempotent while it runs); GPUS =
-#                                 how many stand-in GPUs its stand-in nvidia-smi lists (default 1)
+#   node.sh up NAME PORT [GPUS] [FABRIC_ADDR]
+#                                 boot a fresh node from the tarball (idempotent while it runs); GPUS =
+#                                 how many stand-in GPUs its stand-in nvidia-smi lists (default 1);
+#                                 FABRIC_ADDR: give it a stand-in RoCE sysfs tree carrying that address
 #   node.sh standins              build the signed stand-in NVIDIA apt repo and serve it on 127.0.0.1:8801
 #   node.sh down NAME             halt it (SIGKILL of its cgroup as fallback) and delete its rootfs
 #   node.sh down-all              every node this harness started
@@ -188,19 +190,29 @@ registry() {
       "$(printf 'lab:sandbox-secret-%s' "$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')" | base64)" > "$REGISTRY/auth.json"; }
 }
 
-# Push the stand-in service image from a node (it has podman) under every profile's image name.
+# Push the stand-in service image from a node (it has podman) under every profile's image name: busybox,
+# the node's python3 with its stdlib and libraries, and tests/sandbox/standin_server.py at /srv.
+IMAGE_VERSION=2
 seed_image() {
   local name=$1
-  if [ -s "$REGISTRY/digest" ] && curl -sf -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' \
+  if [ -s "$REGISTRY/digest" ] && [ "$(cat "$REGISTRY/image-version" 2>/dev/null)" = "$IMAGE_VERSION" ] \
+     && curl -sf -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' \
        -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
        "http://$REGISTRY_ADDR/v2/vllm/manifests/$(cat "$REGISTRY/digest")"; then return; fi
-  ssh -n -F "$SSHCFG" "$name" 'set -e; d=$(mktemp -d); mkdir -p $d/bin; cp /bin/busybox $d/bin/
-    for t in sh true test ls cat sleep; do ln -s busybox $d/bin/$t; done
+  scp -q -F "$SSHCFG" "$(dirname "$0")/standin_server.py" "$name:/tmp/standin_server.py"
+  ssh -n -F "$SSHCFG" "$name" 'set -e; d=$(mktemp -d); mkdir -p $d/bin $d/srv $d/usr/bin $d/usr/lib $d/tmp
+    cp /bin/busybox $d/bin/; for t in sh true test ls cat sleep mkdir wget; do ln -s busybox $d/bin/$t; done
+    py=$(readlink -f /usr/bin/python3); cp $py $d/usr/bin/python3; cp -a /usr/lib/python3.* $d/usr/lib/
+    rm -rf $d/usr/lib/python3.*/test $d/usr/lib/python3.*/idlelib $d/usr/lib/python3.*/tkinter
+    for f in $(ldd $py | grep -o "/[^ ]*"); do mkdir -p $d$(dirname $f); cp -L $f $d$f; done
+    for so in $d/usr/lib/python3.*/lib-dynload/*.so; do for f in $(ldd $so 2>/dev/null | grep -o "/[^ ]*"); do
+      [ -e $d$f ] || { mkdir -p $d$(dirname $f); cp -L $f $d$f; }; done; done
+    cp /tmp/standin_server.py $d/srv/
     tar --sort=name --mtime=@0 --owner=0 --group=0 -C $d -c . | podman import -q - localhost/stand-in-vllm:latest >/dev/null
     for ref in vllm:deepseek-v4 anemll/dspark-vllm-gx10:0.1.1 aidendle94/sparkrun-vllm-ds4-gb10:latest; do
       podman push -q --tls-verify=false --digestfile /tmp/digest localhost/stand-in-vllm:latest 127.0.0.1:5000/$ref; done
     podman rmi localhost/stand-in-vllm:latest >/dev/null; rm -rf $d; cat /tmp/digest' > "$REGISTRY/digest.tmp"
-  mv "$REGISTRY/digest.tmp" "$REGISTRY/digest"
+  mv "$REGISTRY/digest.tmp" "$REGISTRY/digest"; echo "$IMAGE_VERSION" > "$REGISTRY/image-version"
   log "stand-in image pushed to $REGISTRY_ADDR: $(cat "$REGISTRY/digest")"
 }
 
@@ -265,7 +277,7 @@ CFG
 running() { local pid; pid=$(cat "$SANDBOX_DIR/run/$1/pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null; }
 
 up() {
-  local name=$1 port=$2 gpus=${3:-1} run=$SANDBOX_DIR/run/$1 root=$SANDBOX_DIR/nodes/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
+  local name=$1 port=$2 gpus=${3:-1} fabric=${4:--} run=$SANDBOX_DIR/run/$1 root=$SANDBOX_DIR/nodes/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
   if running "$name"; then log "$name already running"; return; fi
   deps; build; sshkey; standins; registry; hub
   rm -rf "$root" "$run"; mkdir -p "$root" "$run"
@@ -291,6 +303,17 @@ ExecStart=/bin/sh -c 'v=$(cat /usr/lib/stand-in-nvidia/module-version 2>/dev/nul
 WantedBy=multi-user.target
 UNIT
   ln -sf /etc/systemd/system/stand-in-nvidia-module.service "$root/etc/systemd/system/multi-user.target.wants/"
+  # Stand-in RoCE sysfs: the fabric address's RoCE v2 GID sits at an index that differs between nodes
+  # (as on real pairs), among v1 and link-local entries.
+  if [ "$fabric" != - ]; then
+    local t=$root/srv/stand-in-sysfs/class/infiniband/mlx5_0/ports/1 idx o1 o2 o3 o4
+    IFS=. read -r o1 o2 o3 o4 <<< "$fabric"; idx=$((2 + o4 % 4))
+    mkdir -p "$t/gids" "$t/gid_attrs/types"
+    for i in $(seq 0 7); do
+      echo "fe80:0000:0000:0000:0000:0000:0000:000$i" > "$t/gids/$i"; echo "IB/RoCE v1" > "$t/gid_attrs/types/$i"; done
+    printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x\n' "$o1" "$o2" "$o3" "$o4" > "$t/gids/$idx"
+    echo "RoCE v2" > "$t/gid_attrs/types/$idx"
+  fi
   # The supervisor joins a cgroup of its own (two nodes must not share the root one), restarts nspawn when
   # the node reboots (exit 133) and gives every boot a fresh time namespace so /proc/uptime restarts at 0
   # (pyinfra's server.reboot waits for uptime to go down).
@@ -354,7 +377,7 @@ down_all() { local d; for d in "$SANDBOX_DIR"/run/*/; do [ -d "$d" ] && down "$(
 case ${1:-} in
   deps) deps ;;
   build) deps; build ;;
-  up) [ $# -ge 3 ] || { echo "usage: $0 up NAME PORT [GPUS]" >&2; exit 2; }; up "$2" "$3" "${4:-1}" ;;
+  up) [ $# -ge 3 ] || { echo "usage: $0 up NAME PORT [GPUS] [FABRIC_ADDR]" >&2; exit 2; }; up "$2" "$3" "${4:-1}" "${5:--}" ;;
   standins) deps; standins ;;
   down) [ $# -eq 2 ] || { echo "usage: $0 down NAME" >&2; exit 2; }; down "$2" ;;
   down-all) down_all ;;

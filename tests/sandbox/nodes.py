@@ -7,11 +7,12 @@ import sys
 from deploys.inventory import inventory_configs, load_inventory
 
 
-def sandbox_nodes(inventory_file: str = "inventories/sandbox.py") -> list[tuple[str, int, int]]:
-    """(name, ssh port, stand-in GPU count = the node's gpu_indices) for every host."""
+def sandbox_nodes(inventory_file: str = "inventories/sandbox.py") -> list[tuple[str, int, int, str]]:
+    """(name, ssh port, stand-in GPU count = the node's gpu_indices, fabric address or '-') for every host."""
     inventory = load_inventory(inventory_file)
     configs = inventory_configs(inventory)
-    return [(h.name, int(h.data.ssh_port), max(configs[h.name].gpu_indices) + 1) for h in inventory]
+    return [(h.name, int(h.data.ssh_port), max(configs[h.name].gpu_indices) + 1,
+             configs[h.name].fabric_address or "-") for h in inventory]
 
 
 def generate_manifests(inventory_file: str = "inventories/sandbox.py", endpoint: str = "http://127.0.0.1:8802"):
@@ -37,5 +38,5 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--manifests"]:
         generate_manifests(*sys.argv[2:])
     else:
-        for name, port, gpus in sandbox_nodes(*sys.argv[1:]):
-            print(name, port, gpus)
+        for name, port, gpus, fabric in sandbox_nodes(*sys.argv[1:]):
+            print(name, port, gpus, fabric)

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""A stand-in for the inference server inside the sandbox's service image (stdlib only): an
+OpenAI-compatible /health, /v1/models, /v1/chat/completions and a Prometheus /metrics with vLLM's
+generation counter. STANDIN_MODE=garbage makes it answer 200 with nonsense (the serving gate must
+fail it). Listens on INFERENCE_API_HOST:INFERENCE_API_PORT (set by the unit from inventory data).
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+NAME = os.environ.get("SERVED_MODEL_NAME", "stand-in")
+GARBAGE = os.environ.get("STANDIN_MODE") == "garbage"
+generated = 0
+lock = threading.Lock()
+
+
+def answer(messages):
+    if GARBAGE:
+        return "\u0000\u00ff ## ## lorem \ufffd\ufffd 7 7 7"
+    text = " ".join(str(m.get("content", "")) for m in messages)
+    if "capital of France" in text:
+        return "The capital of France is Paris."
+    return "I am a stand-in model."
+
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status, body, ctype="application/json"):
+        data = body.encode() if isinstance(body, str) else body
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._send(200, "")
+        if self.path == "/v1/models":
+            return self._send(200, json.dumps({"object": "list", "data": [{"id": NAME, "object": "model"}]}))
+        if self.path == "/metrics":
+            return self._send(200, f"vllm:generation_tokens_total{{model_name=\"{NAME}\"}} {generated}.0\n", "text/plain")
+        return self._send(404, json.dumps({"error": "not found"}))
+
+    def do_POST(self):
+        global generated
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path != "/v1/chat/completions":
+            return self._send(404, json.dumps({"error": "not found"}))
+        content = answer(body.get("messages", []))
+        tokens = len(content.split())
+        with lock:
+            generated += tokens
+        return self._send(200, json.dumps({
+            "id": "chatcmpl-standin", "object": "chat.completion", "model": NAME,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": 8 + tokens},
+        }))
+
+
+def main():
+    host = os.environ.get("INFERENCE_API_HOST", "127.0.0.1")
+    port = int(os.environ.get("INFERENCE_API_PORT", "8000"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # PID 1 in the container: stop promptly
+    server = ThreadingHTTPServer((host, port), H)
+    print(f"stand-in inference server for {NAME} on {host}:{port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
