@@ -37,14 +37,17 @@ def sandbox():
             pytest.fail(f"node tier cannot run under CI: {reason}")
         pytest.skip(reason)
     nodes = sandbox_nodes(INVENTORY)
-    subprocess.run([NODE_SH, "down-all"], check=False)  # fresh nodes: a leftover `make demo` node is not
+    reuse = os.environ.get("SANDBOX_REUSE") == "1" and os.environ.get("CI") != "true"
+    if not reuse:  # fresh nodes: a leftover `make demo` node is not (SANDBOX_REUSE=1 keeps a demo, for debugging)
+        subprocess.run([NODE_SH, "down-all"], check=False)
     try:
         for name, port, gpus, fabric in nodes:
             subprocess.run([NODE_SH, "up", name, str(port), str(gpus), fabric], check=True)
         subprocess.run([sys.executable, "-m", "tests.sandbox.nodes", "--manifests"], check=True)
         yield [name for name, *_ in nodes]
     finally:
-        subprocess.run([NODE_SH, "down-all"], check=False)
+        if not reuse:
+            subprocess.run([NODE_SH, "down-all"], check=False)
 
 
 def pyinfra(*args: str, check: bool = True) -> subprocess.CompletedProcess:
