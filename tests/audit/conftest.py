@@ -49,12 +49,15 @@ NODES = _load_nodes()
 def ssh_config(tmp_path_factory) -> str:
     os.makedirs(os.path.expanduser("~/.ssh"), mode=0o700, exist_ok=True)
     path = tmp_path_factory.mktemp("audit") / "ssh_config"
-    path.write_text("".join(_ssh_config_block(name, data) for name, _, data in NODES))
+    path.write_text("".join(_ssh_config_block(name, data) for name, _, data in NODES if not name.startswith("@")))
     return str(path)
 
 
 @pytest.fixture(scope="module", params=NODES, ids=[n[0] for n in NODES])
 def node(request, ssh_config) -> Node:
     name, cfg, data = request.param
-    host = testinfra.get_host(f"ssh://{name}", ssh_config=ssh_config, sudo=bool(data.get("_sudo")))
+    if name == "@local":  # e.g. the lent GPU machine (tests/device/inventory.py)
+        host = testinfra.get_host("local://", sudo=bool(data.get("_sudo")) and os.geteuid() != 0)
+    else:
+        host = testinfra.get_host(f"ssh://{name}", ssh_config=ssh_config, sudo=bool(data.get("_sudo")))
     return Node(name, cfg, host)

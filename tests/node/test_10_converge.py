@@ -57,7 +57,7 @@ def test_audit_after_reboot(sandbox):
 
 def test_audit_catches_drift_and_converge_repairs_it(sandbox):
     node = sandbox[-1]
-    assert on_node(node, f"sed -i 's/1048576/4096/' {LIMITS_FILE}; echo UCX_TLS=tcp >> /etc/inference-nodes/fabric.env").returncode == 0
+    assert on_node(node, f"sed -i -E 's/(nofile\\s+)[0-9]+/\\14096/' {LIMITS_FILE}; echo UCX_TLS=tcp >> /etc/inference-nodes/fabric.env").returncode == 0
     proc = _audit()
     assert proc.returncode == 1
     assert f"test_limits_d_raises_memlock_nofile_stack_for_users_and_root[{node}]" in proc.stdout

@@ -7,16 +7,29 @@ Runs after the earlier modules on the same session nodes (test_10 converged them
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import threading
+
+import pytest
 
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra
 
 PLAIN = "/srv/models/DeepSeek-V4-Flash-0731"  # gb10_dspark: plain layout
 CACHE = "/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731"  # rtx_pro_6000_pair: HF cache layout
 SYNC = "Model snapshot | Sync and verify the model snapshot"
+
+
+@pytest.fixture
+def refusing_hub(tmp_path):
+    """A second stand-in hub that wants another token, and a (wrong) token file for it: (endpoint, file, token)."""
+    from tests.sandbox.standin_hub import serve
+
+    token = "hf_sandboxSecretToken0123456789"
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    srv = serve(token="the-right-one")
+    yield f"http://127.0.0.1:{srv.server_address[1]}", str(token_file), token
+    srv.shutdown()
 
 
 def gate(node: str) -> subprocess.CompletedProcess:
@@ -76,26 +89,16 @@ def test_too_little_disk_is_refused_before_fetching(sandbox):
     assert gate(node).returncode == 0
 
 
-def test_refused_hub_token_is_a_clear_error_and_never_printed(sandbox, tmp_path):
-    from tests.sandbox.standin_hub import serve
-
-    token = "hf_sandboxSecretToken0123456789"
-    srv = serve(token="the-right-one")
-    try:
-        token_file = tmp_path / "token"
-        token_file.write_text(token)
-        token_file.chmod(0o600)
-        node = "sandbox-b0"
-        assert on_node(node, f"rm {PLAIN}/model-00004-of-00004.safetensors").returncode == 0
-        proc = pyinfra("-vv", INVENTORY, "deploys/all.py", "--limit", node,
-                       "--data", f'model_hub_endpoint="http://127.0.0.1:{srv.server_address[1]}"',
-                       "--data", f'model_hub_token_file="{token_file}"',
-                       "--data", f'model_control_cache="{tmp_path / "cache"}"', check=False)
-        assert proc.returncode == 1
-        assert "the hub refused deepseek-ai/DeepSeek-V4-Flash-0731@9e165c30e2704aec5d9d593cce3eebd58bbef1cb (HTTP 401)" in proc.stderr
-        assert token not in proc.stdout + proc.stderr
-    finally:
-        srv.shutdown()
+def test_refused_hub_token_is_a_clear_error_and_never_printed(sandbox, refusing_hub, tmp_path):
+    endpoint, token_file, token = refusing_hub
+    node = "sandbox-b0"
+    assert on_node(node, f"rm {PLAIN}/model-00004-of-00004.safetensors").returncode == 0
+    proc = pyinfra("-vv", INVENTORY, "deploys/all.py", "--limit", node, "--data", f'model_hub_endpoint="{endpoint}"',
+                   "--data", f'model_hub_token_file="{token_file}"',
+                   "--data", f'model_control_cache="{tmp_path / "cache"}"', check=False)
+    assert proc.returncode == 1
+    assert "the hub refused deepseek-ai/DeepSeek-V4-Flash-0731@9e165c30e2704aec5d9d593cce3eebd58bbef1cb (HTTP 401)" in proc.stderr
+    assert token not in proc.stdout + proc.stderr
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == [(SYNC, [node])]
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
 
@@ -116,25 +119,16 @@ def test_hub_mode_downloads_on_the_node_and_resumes_after_an_interruption(sandbo
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", *hub)) == []
 
 
-def test_hub_mode_refused_token_on_the_node(sandbox, tmp_path):
-    from tests.sandbox.standin_hub import serve
-
+def test_hub_mode_refused_token_on_the_node(sandbox, refusing_hub):
+    endpoint, token_file, token = refusing_hub
     node = "sandbox-a"
-    token = "hf_nodeSideSecretToken9876543210"
-    srv = serve(token="the-right-one")
-    try:
-        token_file = tmp_path / "token"
-        token_file.write_text(token)
-        token_file.chmod(0o600)
-        assert on_node(node, f"rm -f {CACHE}/snapshots/*/config.json").returncode == 0
-        proc = pyinfra("-vv", INVENTORY, "deploys/all.py", "--limit", node, "--data", 'model_sync_mode="hub"',
-                       "--data", f'model_hub_endpoint="http://127.0.0.1:{srv.server_address[1]}"',
-                       "--data", f'model_hub_token_file="{token_file}"', check=False)
-        assert proc.returncode == 1
-        assert "the hub refused deepseek-ai/DeepSeek-V4-Flash-0731@7872f01b1d1fe23eabc4c98b48bffcef5a386062 (HTTP 401)" in proc.stderr
-        assert token not in proc.stdout + proc.stderr
-        assert on_node(node, "stat -c '%a' /etc/inference-nodes/secrets/hf-token").stdout.strip() == "600"
-    finally:
-        srv.shutdown()
+    assert on_node(node, f"rm -f {CACHE}/snapshots/*/config.json").returncode == 0
+    proc = pyinfra("-vv", INVENTORY, "deploys/all.py", "--limit", node, "--data", 'model_sync_mode="hub"',
+                   "--data", f'model_hub_endpoint="{endpoint}"', "--data", f'model_hub_token_file="{token_file}"',
+                   check=False)
+    assert proc.returncode == 1
+    assert "the hub refused deepseek-ai/DeepSeek-V4-Flash-0731@7872f01b1d1fe23eabc4c98b48bffcef5a386062 (HTTP 401)" in proc.stderr
+    assert token not in proc.stdout + proc.stderr
+    assert on_node(node, "stat -c '%a' /etc/inference-nodes/secrets/hf-token").stdout.strip() == "600"
     pyinfra(INVENTORY, "deploys/all.py", "--limit", node)  # push mode repairs it
     assert gate(node).returncode == 0
