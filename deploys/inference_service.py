@@ -72,6 +72,15 @@ def model_path_in_container(cfg: NodeConfig) -> str:
     return cfg.model_mount
 
 
+def served_model_name(cfg: NodeConfig) -> str:
+    """The name clients ask for: SERVED_MODEL_NAME, `--served-model-name`, else (as vLLM does) the model path."""
+    if cfg.service_env.get("SERVED_MODEL_NAME"):
+        return cfg.service_env["SERVED_MODEL_NAME"]
+    if "--served-model-name" in cfg.vllm_args:
+        return cfg.vllm_args[cfg.vllm_args.index("--served-model-name") + 1]
+    return model_path_in_container(cfg)
+
+
 def service_environment(cfg: NodeConfig, head: NodeConfig | None, nodes: int) -> dict[str, str]:
     """The profile's env plus what the toolkit derives: GPUs, model path, offline hub, and for multi-node
     clusters rank, node count, the head's fabric address and this node's own."""

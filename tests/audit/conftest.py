@@ -1,7 +1,8 @@
 """Audit fixtures: hosts and expected values come from the same inventory and schema the deploys use.
 
     pytest tests/audit                                        # inventories/lab.py
-    AUDIT_INVENTORY=inventories/sandbox.py pytest tests/audit
+    pytest tests/audit --inventory inventories/sandbox.py [--limit GROUP_OR_HOST_GLOB] [-m serving]
+    pytest tests/audit --junitxml audit.xml -rf               # JUnit XML; one line per failed promise
 
 Audits are read-only: safe to run against production as a drift check. They connect with OpenSSH
 (testinfra's ssh:// backend) using an ssh config generated from the inventory's connection data, so host
@@ -10,6 +11,7 @@ key checking follows the inventory (strict in inventories/lab.py).
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from dataclasses import dataclass
 
@@ -19,7 +21,14 @@ import testinfra
 from deploys.inventory import inventory_configs, load_inventory, ssh_options
 from deploys.schema import NodeConfig
 
-INVENTORY = os.environ.get("AUDIT_INVENTORY", "inventories/lab.py")
+DEFAULT_INVENTORY = os.environ.get("AUDIT_INVENTORY", "inventories/lab.py")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--inventory", default=DEFAULT_INVENTORY,
+                     help="pyinfra inventory whose hosts are audited (default: $AUDIT_INVENTORY or inventories/lab.py)")
+    parser.addoption("--limit", action="append", default=[],
+                     help="a group name or a host-name glob, as pyinfra's --limit (repeatable)")
 
 
 @dataclass
@@ -36,26 +45,43 @@ def _ssh_config_block(name: str, data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _load_nodes() -> list[tuple[str, NodeConfig, dict]]:
-    inventory = load_inventory(INVENTORY)
+def load_nodes(inventory_file: str, limits: list[str]) -> list[tuple[str, NodeConfig, dict]]:
+    """(name, typed config, host data) of every host the limits select (all when none)."""
+    inventory = load_inventory(inventory_file)
     configs = inventory_configs(inventory)
-    return [(h.name, configs[h.name], h.data.dict()) for h in inventory]
+    selected = []
+    for h in inventory:
+        if limits and not any(lim in h.groups or fnmatch.fnmatch(h.name, lim) for lim in limits):
+            continue
+        selected.append((h.name, configs[h.name], h.data.dict()))
+    return selected
 
 
-NODES = _load_nodes()
+def pytest_generate_tests(metafunc):
+    if "node_spec" in metafunc.fixturenames:
+        nodes = load_nodes(metafunc.config.getoption("inventory"), metafunc.config.getoption("limit"))
+        if "head_only" in metafunc.fixturenames:  # the serving gate runs against each cluster's head
+            nodes = [n for n in nodes if n[1].node_rank == 0]
+        metafunc.parametrize("node_spec", nodes, ids=[n[0] for n in nodes], scope="module")
 
 
 @pytest.fixture(scope="session")
-def ssh_config(tmp_path_factory) -> str:
+def head_only():
+    return True
+
+
+@pytest.fixture(scope="session")
+def ssh_config(tmp_path_factory, pytestconfig) -> str:
     os.makedirs(os.path.expanduser("~/.ssh"), mode=0o700, exist_ok=True)
     path = tmp_path_factory.mktemp("audit") / "ssh_config"
-    path.write_text("".join(_ssh_config_block(name, data) for name, _, data in NODES if not name.startswith("@")))
+    nodes = load_nodes(pytestconfig.getoption("inventory"), [])
+    path.write_text("".join(_ssh_config_block(name, data) for name, _, data in nodes if not name.startswith("@")))
     return str(path)
 
 
-@pytest.fixture(scope="module", params=NODES, ids=[n[0] for n in NODES])
-def node(request, ssh_config) -> Node:
-    name, cfg, data = request.param
+@pytest.fixture(scope="module")
+def node(node_spec, ssh_config) -> Node:
+    name, cfg, data = node_spec
     if name == "@local":  # e.g. the lent GPU machine (tests/device/inventory.py)
         host = testinfra.get_host("local://", sudo=bool(data.get("_sudo")) and os.geteuid() != 0)
     else:

@@ -2,20 +2,22 @@
 gated on the verified model, with its persistent JIT directories, and the API listens where the
 inventory says and nowhere else."""
 
+import ipaddress
+
+import pytest
+
 from deploys.inference_service import UNIT_DIR, render_cluster
-from deploys.inventory import inventory_configs
-
-from tests.audit.conftest import INVENTORY, load_inventory
+from deploys.inventory import inventory_configs, load_inventory
 
 
-def _expected_unit(node) -> str:
-    return render_cluster(inventory_configs(load_inventory(INVENTORY)))[node.name]
+def _expected_unit(node, inventory_file) -> str:
+    return render_cluster(inventory_configs(load_inventory(inventory_file)))[node.name]
 
 
-def test_unit_installed_as_rendered(node):
+def test_unit_installed_as_rendered(node, pytestconfig):
     f = node.host.file(f"{UNIT_DIR}/{node.cfg.container_name}.container")
     assert f.is_file and f.user == "root" and f.mode == 0o644
-    assert f.content_string == _expected_unit(node)
+    assert f.content_string == _expected_unit(node, pytestconfig.getoption("inventory"))
 
 
 def test_generated_service_running_behind_the_gate(node):
@@ -40,3 +42,26 @@ def test_api_listens_where_the_inventory_says_and_nowhere_else(node):
     listening = node.host.check_output(f"ss -Hltn 'sport = :{port}'").split()
     local = [w for w in listening if w.endswith(f":{port}")]
     assert local == [f"{node.cfg.api_bind_address}:{port}"], local
+
+
+def test_limits_in_effect_for_the_service(node):
+    pid = node.host.check_output(f"systemctl show -p MainPID --value {node.cfg.container_name}.service")
+    limits = node.host.check_output(f"cat /proc/{pid}/limits")
+    rows = {line[:26].strip(): line[26:].split() for line in limits.splitlines()[1:]}
+    memlock = "unlimited" if node.cfg.limits_memlock == "unlimited" else str(node.cfg.limits_memlock)
+    assert rows["Max open files"][:2] == [str(node.cfg.limits_nofile)] * 2
+    assert rows["Max locked memory"][:2] == [memlock] * 2
+    assert rows["Max stack size"][1] in (str(node.cfg.limits_stack), "unlimited")
+
+
+def test_fabric_nodes_use_a_valid_roce_v2_gid(node):
+    if node.cfg.fabric_address is None:
+        pytest.skip("single-node profile: no fabric")
+    env = dict(line.split("=", 1) for line in
+               node.host.file("/run/inference-nodes/roce.env").content_string.split())
+    device, port = env["NCCL_IB_HCA"].split(":")
+    index = env["NCCL_IB_GID_INDEX"]
+    base = f"{node.cfg.roce_sysfs_root}/class/infiniband/{device}/ports/{port}"
+    assert node.host.file(f"{base}/gid_attrs/types/{index}").content_string.strip() == "RoCE v2"
+    gid = node.host.file(f"{base}/gids/{index}").content_string.strip()
+    assert ipaddress.IPv6Address(gid).ipv4_mapped == ipaddress.ip_address(node.cfg.fabric_address)

@@ -5,6 +5,8 @@ each fabric node with its own GID index from its sysfs, and back after a reboot 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.request
 from datetime import datetime
 
@@ -72,6 +74,19 @@ def test_corrupted_shard_keeps_the_service_down_until_repaired(sandbox):
     changed = [name for name, _ in changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node))]
     assert "Model snapshot | Sync and verify the model snapshot" in changed
     assert on_node(node, f"systemctl is-active {UNITS[node]}").stdout.strip() == "active"
+
+
+def test_serving_gate_passes_heads_and_fails_a_garbage_server(sandbox):
+    gate = [sys.executable, "-m", "pytest", "-q", "-rf", "tests/audit", "--inventory", INVENTORY, "-m", "serving"]
+    good = subprocess.run(gate, capture_output=True, text=True, timeout=300)
+    assert good.returncode == 0 and "2 passed" in good.stdout, good.stdout[-3000:]
+    garbage = ["--limit", "sandbox-b0", "--data", 'service_env={"STANDIN_MODE": "garbage"}']
+    pyinfra(INVENTORY, "deploys/all.py", *garbage)  # HTTP 200 with nonsense from now on
+    bad = subprocess.run([*gate, "--limit", "sandbox-b0"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1
+    assert "sandbox-b0: coherence: answer:" in bad.stdout and "tool_round_trip" in bad.stdout
+    pyinfra(INVENTORY, "deploys/all.py", "--limit", "sandbox-b0")  # back to the inventory's env
+    assert subprocess.run([*gate, "--limit", "sandbox-b0"], capture_output=True, text=True).returncode == 0
 
 
 def test_service_back_after_a_reboot_with_the_gate_in_force(sandbox):

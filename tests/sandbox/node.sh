@@ -192,7 +192,7 @@ registry() {
 
 # Push the stand-in service image from a node (it has podman) under every profile's image name: busybox,
 # the node's python3 with its stdlib and libraries, and tests/sandbox/standin_server.py at /srv.
-IMAGE_VERSION=2
+IMAGE_VERSION=3
 seed_image() {
   local name=$1
   if [ -s "$REGISTRY/digest" ] && [ "$(cat "$REGISTRY/image-version" 2>/dev/null)" = "$IMAGE_VERSION" ] \

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A stand-in for the inference server inside the sandbox's service image (stdlib only): an
-OpenAI-compatible /health, /v1/models, /v1/chat/completions and a Prometheus /metrics with vLLM's
-generation counter. STANDIN_MODE=garbage makes it answer 200 with nonsense (the serving gate must
-fail it). Listens on INFERENCE_API_HOST:INFERENCE_API_PORT (set by the unit from inventory data).
+OpenAI-compatible /health, /v1/models, /v1/chat/completions (tool calls and JSON-schema answers included)
+and a Prometheus /metrics with vLLM's generation counter. STANDIN_MODE=garbage makes it answer 200 with
+nonsense (the serving gate must fail it). Listens on INFERENCE_API_HOST:INFERENCE_API_PORT (set by the
+unit from inventory data); like vLLM, the served name is SERVED_MODEL_NAME or else the model path.
 """
 
 import json
@@ -12,19 +13,32 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-NAME = os.environ.get("SERVED_MODEL_NAME", "stand-in")
+NAME = os.environ.get("SERVED_MODEL_NAME") or os.environ.get("MODEL_PATH", "stand-in")
 GARBAGE = os.environ.get("STANDIN_MODE") == "garbage"
 generated = 0
 lock = threading.Lock()
 
 
-def answer(messages):
+def answer(body):
+    """(message, completion token count) for a chat request."""
+    messages = body.get("messages", [])
     if GARBAGE:
-        return "\u0000\u00ff ## ## lorem \ufffd\ufffd 7 7 7"
+        return {"role": "assistant", "content": "\u00ff ## ## lorem \ufffd\ufffd 7 7 7"}, 9
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        return {"role": "assistant", "content": f"The weather tool says: {last.get('content')}."}, 8
+    if body.get("tools") and last.get("role") == "user":
+        return {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_standin_1", "type": "function",
+            "function": {"name": body["tools"][0]["function"]["name"], "arguments": json.dumps({"city": "Paris"})}}]}, 12
+    fmt = body.get("response_format") or {}
+    if fmt.get("type") == "json_schema":
+        return {"role": "assistant", "content": json.dumps(
+            {"city": "Paris", "country": "France", "population_millions": 2.1})}, 20
     text = " ".join(str(m.get("content", "")) for m in messages)
     if "capital of France" in text:
-        return "The capital of France is Paris."
-    return "I am a stand-in model."
+        return {"role": "assistant", "content": "The capital of France is Paris."}, 7
+    return {"role": "assistant", "content": "I am a stand-in model."}, 6
 
 
 class H(BaseHTTPRequestHandler):
@@ -55,13 +69,13 @@ class H(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if self.path != "/v1/chat/completions":
             return self._send(404, json.dumps({"error": "not found"}))
-        content = answer(body.get("messages", []))
-        tokens = len(content.split())
+        message, tokens = answer(body)
         with lock:
             generated += tokens
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
         return self._send(200, json.dumps({
             "id": "chatcmpl-standin", "object": "chat.completion", "model": NAME,
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+            "choices": [{"index": 0, "finish_reason": finish, "message": message}],
             "usage": {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": 8 + tokens},
         }))
 
