@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Converge benchmark: wall time of the first converge and of a no-op re-converge of deploys/all.py on
+1, 2 and 4 sandbox nodes in parallel, with the count of operations and changes. Prints a table; not a test.
+
+    python bench/converge.py [--nodes 1,2,4]
+
+Each node runs deployment A's profile as a cluster of its own (the reference profile, one node each).
+Needs what `make test` needs (root, the sandbox harness); boots and tears down its own nodes.
+Targets (2-core machine): no-op re-converge of one full node <= 10 s; four nodes <= 1.5x one node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NODE_SH = os.path.join(ROOT, "tests/sandbox/node.sh")
+PYINFRA = os.path.join(os.path.dirname(sys.executable), "pyinfra")
+SANDBOX_DIR = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
+COMMIT_A = "7872f01b1d1fe23eabc4c98b48bffcef5a386062"
+
+INVENTORY = '''
+import os
+_DIR = {sandbox_dir!r}
+_M = f"{{_DIR}}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{commit}.json"
+
+def _node(i):
+    return (f"bench-{{i}}", {{"ssh_hostname": "127.0.0.1", "ssh_port": 2300 + i, "ssh_user": "root",
+        "ssh_key": f"{{_DIR}}/ssh/id_ed25519", "ssh_strict_host_key_checking": "off",
+        "ssh_known_hosts_file": "/dev/null", "_sudo": False, "cluster_name": f"bench-{{i}}",
+        "api_port": 8200 + i, **({{"model_manifest": _M}} if os.path.exists(_M) else {{}})}})
+
+rtx_pro_6000_pair = [_node(i) for i in range({n})]
+'''
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, **kw)
+
+
+def converge(inventory: str) -> tuple[float, int, int]:
+    t0 = time.perf_counter()
+    proc = run([PYINFRA, "-y", "--json", "--group-data", "inventories/group_data", inventory, "deploys/all.py"])
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"converge failed:\n{proc.stderr[-3000:]}")
+    totals = json.loads(proc.stdout)["results"]["totals"]
+    return wall, totals["hosts"], totals["success"]
+
+
+def bench(n: int, tmp: str) -> dict:
+    # named sandbox.py so that the sandbox's stand-in group data (its file-name group) applies
+    os.makedirs(os.path.join(tmp, f"bench{n}"), exist_ok=True)
+    inventory = os.path.join(tmp, f"bench{n}", "sandbox.py")
+    with open(inventory, "w") as f:
+        f.write(INVENTORY.format(sandbox_dir=SANDBOX_DIR, commit=COMMIT_A, n=n))
+    run([NODE_SH, "down-all"])
+    for i in range(n):
+        up = run([NODE_SH, "up", f"bench-{i}", str(2300 + i), "2"])
+        if up.returncode != 0:
+            raise SystemExit(up.stderr)
+    gen = run([sys.executable, "-m", "tests.sandbox.nodes", "--manifests"])
+    if gen.returncode != 0:
+        raise SystemExit(gen.stderr)
+    try:
+        first, ops, changed_first = converge(inventory)
+        noop, _, changed_noop = converge(inventory)
+    finally:
+        run([NODE_SH, "down-all"])
+    return {"nodes": n, "first_s": first, "noop_s": noop, "ops": ops, "changed_first": changed_first,
+            "changed_noop": changed_noop}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", default="1,2,4")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(x) for x in args.nodes.split(",")):
+            rows.append(bench(n, tmp))
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; deploys/all.py, deployment A's profile per node")
+    print("| nodes | first converge (s) | no-op re-converge (s) | operations | changed (first) | changed (no-op) |")
+    print("|------:|-------------------:|----------------------:|-----------:|----------------:|----------------:|")
+    for r in rows:
+        print(f"| {r['nodes']} | {r['first_s']:.1f} | {r['noop_s']:.1f} | {r['ops']} | {r['changed_first']} "
+              f"| {r['changed_noop']} |")
+    one = next((r for r in rows if r["nodes"] == 1), None)
+    four = next((r for r in rows if r["nodes"] == 4), None)
+    if one:
+        print(f"no-op re-converge of one node: {one['noop_s']:.1f} s (target <= 10 s)")
+    if one and four:
+        print(f"four nodes vs one (no-op): {four['noop_s'] / one['noop_s']:.2f}x (target <= 1.5x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
