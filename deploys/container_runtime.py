@@ -14,12 +14,13 @@ from io import StringIO
 from packaging.version import Version
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Command
 from pyinfra.operations import apt, files, systemd
 from pyinfra.operations.util import any_changed
 
 from deploys.inventory import node_config
-from deploys.ops import apt_held, fail_host, keyring_verified, secret_file
+from deploys.ops import apt_held, atomic_put, fail_host, keyring_verified, secret_file
 from deploys.schema import ContainerRuntimeKeys, NodeConfig, defaults_of
 from facts.containers import CdiSpec, PodmanImageDigest, PodmanVersion
 from facts.nvidia import NvidiaKernelModule
@@ -74,6 +75,24 @@ def cdi_problem(spec: dict, gpu_indices: list[int], loaded_driver: str | None, n
     if missing:
         return f"GPU index {', '.join(map(str, missing))} is not a device of the spec"
     return None
+
+
+@operation()
+def toolkit_installed(packages: list[str], version: str):
+    """Every toolkit package at exactly ``version`` (an inventory change moves held packages too).
+
+    + packages: toolkit package names
+    + version: Debian version
+    """
+    installed = host.get_fact(DebPackages)
+    missing = [p for p in packages if version not in installed.get(p, [])]
+    if not missing:
+        host.noop(f"{', '.join(packages)} at {version}")
+        return
+    # fresh lists first: an interrupted earlier run may have added the source without updating them
+    yield StringCommand("apt-get", "update", "-qq")
+    yield StringCommand("DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "--allow-downgrades",
+                        "--allow-change-held-packages", *(f"{p}={version}" for p in packages))
 
 
 @operation()
@@ -165,7 +184,7 @@ def container_runtime():
         dest=TOOLKIT_KEYRING,
     )
     deb_arch = host.get_fact(Command, command="dpkg --print-architecture")
-    source = files.put(
+    source = atomic_put(
         name="Add NVIDIA's container toolkit repo",
         src=StringIO(render_toolkit_source(cfg, deb_arch)),
         dest=TOOLKIT_SOURCE,
@@ -173,14 +192,11 @@ def container_runtime():
     )
     apt.update(name="Update apt lists after the toolkit source changed", _if=any_changed(key, source))
     version = cfg.nvidia_toolkit_version
-    apt.packages(
-        name=f"Install the NVIDIA container toolkit {version}",
-        packages=[f"{p}={version}" for p in cfg.nvidia_toolkit_packages],
-        extra_install_args="--allow-downgrades --allow-change-held-packages",  # the inventory changed the pin
-    )
+    toolkit_installed(name=f"Install the NVIDIA container toolkit {version}", packages=cfg.nvidia_toolkit_packages,
+                      version=version)
     apt_held(name="Hold the container toolkit", packages=cfg.nvidia_toolkit_packages)
 
-    env = files.put(
+    env = atomic_put(
         name="Configure CDI generation for this Podman",
         src=StringIO(render_refresh_env(cfg)),
         dest=REFRESH_ENV,
@@ -201,7 +217,7 @@ def container_runtime():
         no_additional_gids=cfg.cdi_no_additional_gids,
     )
 
-    files.put(
+    atomic_put(
         name="Configure registries (registries.conf.d)",
         src=StringIO(render_registries(cfg)),
         dest=REGISTRIES_FILE,

@@ -15,6 +15,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files, server
 
 from deploys.inventory import node_config
+from deploys.ops import atomic_put
 from deploys.schema import HostTuningKeys, NodeConfig, defaults_of
 from facts.host import MountSizeBytes
 
@@ -93,7 +94,7 @@ def host_tuning():
         min_bytes=cfg.shm_required_bytes,
         reason=shm_reason(cfg),
     )
-    files.put(
+    atomic_put(
         name="Set memlock/nofile/stack limits for logins (limits.d)",
         src=StringIO(render_limits(cfg)),
         dest=LIMITS_FILE,
@@ -101,7 +102,7 @@ def host_tuning():
         group="root",
         mode="0644",
     )
-    defaults = files.put(
+    defaults = atomic_put(
         name="Set systemd's default memlock/nofile/stack limits for services",
         src=StringIO(render_systemd_defaults(cfg)),
         dest=SYSTEMD_DEFAULTS_FILE,
@@ -122,7 +123,7 @@ def host_tuning():
         group="root",
         mode="0755",
     )
-    files.put(
+    atomic_put(
         name="Write the UCX/NCCL fabric environment",
         src=StringIO(render_fabric_env(cfg)),
         dest=cfg.fabric_env_file,

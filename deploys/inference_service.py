@@ -26,6 +26,7 @@ from pyinfra.operations import files, systemd
 
 from deploys.host_tuning import render_fabric_env
 from deploys.inventory import inventory_configs, node_config
+from deploys.ops import atomic_put
 from deploys.schema import ContainerKeys, NodeConfig, defaults_of
 
 DEFAULTS = defaults_of(ContainerKeys)  # keys, defaults and meanings: README "Inventory keys"
@@ -223,9 +224,9 @@ def inference_service():
     head, nodes = cluster_of(cfg)
     unit_text = render_container(cfg, head, nodes)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    files.put(name="Install the RoCE GID lookup", src=os.path.join(here, "files/inference_service/roce_gid.py"),
+    atomic_put(name="Install the RoCE GID lookup", src=os.path.join(here, "files/inference_service/roce_gid.py"),
               dest=ROCE_HELPER, user="root", group="root", mode="0755", create_remote_dir=True)
-    files.put(name="Install its start-time wrapper",
+    atomic_put(name="Install its start-time wrapper",
               src=StringIO(f"#!/bin/sh\nexec python3 {ROCE_HELPER} \"$@\" --sysfs {cfg.roce_sysfs_root}\n"),
               dest=ROCE_GID, user="root", group="root", mode="0755")
     for path in (cfg.jit_cache_dir, cfg.container_tmp_dir):
@@ -234,7 +235,7 @@ def inference_service():
                             user="root", group="root", mode="0755")
     files.directory(name="Create the fingerprint directory", path=FINGERPRINTS, user="root", group="root",
                     mode="0755")
-    unit = files.put(name="Install the Quadlet unit", src=StringIO(unit_text),
+    unit = atomic_put(name="Install the Quadlet unit", src=StringIO(unit_text),
                      dest=f"{UNIT_DIR}/{cfg.container_name}.container", user="root", group="root", mode="0644",
                      create_remote_dir=True)
     systemd.daemon_reload(name="Run the Quadlet generator (daemon-reload)", _if=unit.did_change)

@@ -10,14 +10,13 @@ verifier (files/model_snapshot/verify_snapshot.py, stdlib only) writes the stamp
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import posixpath
 import subprocess
 import sys
 import tempfile
 from io import StringIO
-
-import importlib.metadata
 
 import gevent.lock
 from pyinfra import host, logger
@@ -26,7 +25,7 @@ from pyinfra.facts.server import Command
 from pyinfra.operations import apt, files
 
 from deploys.inventory import node_config, ssh_options
-from deploys.ops import fail_host, refuse, secret_file
+from deploys.ops import atomic_put, fail_host, refuse, secret_file
 from deploys.schema import ModelKeys, NodeConfig, defaults_of
 from facts.model import FreeBytes, ModelVerification
 
@@ -235,26 +234,26 @@ def model_snapshot():
     apt.packages(name="Install what the verifier and rsync need", packages=["python3", "rsync"],
                  update=True, cache_time=86400)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    files.put(name="Install the snapshot verifier", src=os.path.join(here, "files/model_snapshot/verify_snapshot.py"),
+    atomic_put(name="Install the snapshot verifier", src=os.path.join(here, "files/model_snapshot/verify_snapshot.py"),
               dest=VERIFIER, user="root", group="root", mode="0755", create_remote_dir=True)
-    files.put(name="Install the trusted manifest", src=cfg.model_manifest, dest=MANIFEST,
+    atomic_put(name="Install the trusted manifest", src=cfg.model_manifest, dest=MANIFEST,
               user="root", group="root", mode="0644", create_remote_dir=True)
     files.directory(name="Create the verify stamp directory", path=posixpath.dirname(STAMP),
                     user="root", group="root", mode="0755")
-    files.put(name="Install the model start gate", src=StringIO(render_gate(cfg.snapshot_dir)), dest=GATE,
+    atomic_put(name="Install the model start gate", src=StringIO(render_gate(cfg.snapshot_dir)), dest=GATE,
               user="root", group="root", mode="0755")
     if cfg.model_sync_mode == "hub":
         apt.packages(name="Install python3-venv for the hub client", packages=["python3-venv"],
                      update=True, cache_time=86400)
         hub_client_installed(name=f"Install huggingface_hub {HUB_VERSION} (wheels from the control node)",
                              venv=cfg.model_hub_venv)
-        files.put(name="Install the hub download helper", src=os.path.join(here, "files/model_snapshot/hub_download.py"),
+        atomic_put(name="Install the hub download helper", src=os.path.join(here, "files/model_snapshot/hub_download.py"),
                   dest=HUB_DOWNLOAD, user="root", group="root", mode="0755")
         if cfg.model_hub_token_file:
             secret_file(name="Install the hub token (0600, never printed)", src=cfg.model_hub_token_file,
                         dest=HUB_TOKEN)
     if cfg.model_layout == "hf_cache":
-        files.put(name="Write refs/main (offline loads, cache tools)", src=StringIO(cfg.model_revision),
+        atomic_put(name="Write refs/main (offline loads, cache tools)", src=StringIO(cfg.model_revision),
                   dest=f"{cfg.model_dir}/refs/main", user="root", group="root", mode="0644", create_remote_dir=True)
     snapshot_synced(
         name="Sync and verify the model snapshot",

@@ -14,11 +14,11 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.facts.server import Arch, OsRelease
-from pyinfra.operations import apt, files, server
+from pyinfra.operations import apt, server
 from pyinfra.operations.util import any_changed
 
 from deploys.inventory import node_config
-from deploys.ops import apt_held, fail_host, keyring_verified
+from deploys.ops import apt_held, atomic_put, fail_host, keyring_verified
 from deploys.schema import NodeConfig, NvidiaDriverKeys, defaults_of
 from facts.nvidia import DRIVER_VERSION, NvidiaDriverPackages, NvidiaKernelModule, driver_state
 
@@ -132,6 +132,8 @@ def driver_installed(packages: list[str], branch: str):
         host.noop(f"{', '.join(packages)} installed on branch {branch}")
         return
     wanted = sorted(set(packages) | set(off_branch))
+    # fresh lists first: an interrupted earlier run may have added the source without updating them
+    yield StringCommand("apt-get", "update", "-qq")
     yield StringCommand(
         "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "--allow-downgrades",
         "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold", *wanted,
@@ -201,13 +203,13 @@ def nvidia_driver():
         branch=branch,
         allow_change=cfg.allow_driver_change,
     )
-    pin = files.put(
+    pin = atomic_put(
         name=f"Pin driver packages to branch {branch}, refuse other branches",
         src=StringIO(render_apt_pin(branch)),
         dest=PIN_FILE,
         user="root", group="root", mode="0644",
     )
-    files.put(
+    atomic_put(
         name="Keep unattended upgrades off the driver",
         src=StringIO(render_unattended_blacklist(cfg)),
         dest=UNATTENDED_FILE,
@@ -229,13 +231,13 @@ def nvidia_driver():
                 dest=KEYRING,
             ))
             repo_path = cuda_repo_path(host.get_fact(OsRelease), host.get_fact(Arch))
-            repo_changes.append(files.put(
+            repo_changes.append(atomic_put(
                 name=f"Add NVIDIA's CUDA repo ({repo_path})",
                 src=StringIO(render_cuda_source(cfg, repo_path)),
                 dest=SOURCE_FILE,
                 user="root", group="root", mode="0644",
             ))
-        nouveau = files.put(
+        nouveau = atomic_put(
             name="Blacklist nouveau",
             src=StringIO(f"{HEADER}blacklist nouveau\noptions nouveau modeset=0\n"),
             dest=NOUVEAU_FILE,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import io
+import posixpath
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
-from pyinfra.facts.files import Sha256File
+from pyinfra.facts.files import File, Sha1File, Sha256File
 from pyinfra.facts.server import Command
 
 from facts.apt import AptHolds, KeyringFingerprints
@@ -20,6 +22,38 @@ def _log_and_fail(state, host, message: str) -> bool:
 def fail_host(message: str) -> FunctionCommand:
     """A command that fails this host alone, with ``message`` (raising in an operation aborts every host)."""
     return FunctionCommand(_log_and_fail, (message,), {})
+
+
+@operation()
+def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: str = "0644",
+               create_remote_dir: bool = True):
+    """Like files.put, but a killed run never leaves a half-written file in place: the content is
+    uploaded next to ``dest`` and renamed over it (pyinfra writes in place when it does not sudo).
+
+    + src: a local path, or the content as a file-like object
+    + dest: remote path
+    + user, group, mode: ownership and permissions (mode as a string)
+    + create_remote_dir: create the parent directory first (as files.put does)
+    """
+    if hasattr(src, "read"):
+        data = src.read()
+        src.seek(0)  # the operation body runs again at execute time
+        data = data.encode() if isinstance(data, str) else data
+    else:
+        with open(src, "rb") as f:
+            data = f.read()
+    remote = host.get_fact(File, path=dest)
+    if remote and host.get_fact(Sha1File, path=dest) == hashlib.sha1(data).hexdigest() and (
+        remote.get("user"), remote.get("group"), remote.get("mode")
+    ) == (user, group, int(mode)):
+        host.noop(f"{dest} is up to date")
+        return
+    tmp = posixpath.join(posixpath.dirname(dest), f".{posixpath.basename(dest)}.inference-nodes-tmp")
+    if create_remote_dir:
+        yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(dest)))
+    yield FileUploadCommand(io.BytesIO(data), tmp)
+    yield StringCommand("chown", f"{user}:{group}", QuoteString(tmp), "&&", "chmod", mode, QuoteString(tmp),
+                        "&&", "mv", "-f", QuoteString(tmp), QuoteString(dest))
 
 
 @operation()

@@ -1,0 +1,70 @@
+"""Resilience on sandbox nodes: a deploy killed at a random point, then rerun, converges and leaves no
+half-written managed file in place; an unreachable node fails alone, named, while the others finish."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+
+from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, on_node, pyinfra
+
+MANAGED = [
+    "/etc/security/limits.d/90-inference-nodes.conf",
+    "/etc/systemd/system.conf.d/90-inference-nodes.conf",
+    "/etc/inference-nodes/fabric.env",
+    "/etc/apt/preferences.d/90-inference-nodes-nvidia-driver",
+    "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env",
+    "/etc/inference-nodes/model-manifest.json",
+]
+
+
+def _contents(node: str) -> dict[str, str | None]:
+    out = {}
+    for path in MANAGED:
+        proc = on_node(node, f"cat {path}")
+        out[path] = proc.stdout if proc.returncode == 0 else None
+    return out
+
+
+def test_killed_deploy_then_rerun_leaves_no_half_written_file(sandbox):
+    for node in sandbox:
+        assert on_node(node, "rm -f " + " ".join(MANAGED)).returncode == 0
+    proc = subprocess.Popen([PYINFRA, "-y", INVENTORY, "deploys/all.py"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    time.sleep(random.uniform(1.5, 6.0))  # somewhere among the file writes
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    after_kill = {node: _contents(node) for node in sandbox}
+    # a command the killed run started on a node (an apt update, say) may still hold its lock for a moment
+    pyinfra("--retry", "3", "--retry-delay", "5", INVENTORY, "deploys/all.py")
+    for node in sandbox:
+        converged = _contents(node)
+        for path in MANAGED:
+            # each file is absent or complete: never a prefix of the converged content
+            assert after_kill[node][path] in (None, converged[path]), f"{node}:{path} half-written"
+        assert on_node(node, "find /etc /usr/local -name '*.inference-nodes-tmp' | wc -l").stdout.strip() == "0"
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
+
+
+def test_unreachable_node_fails_alone_and_the_others_finish(sandbox, tmp_path):
+    # the same inventory, but one node's ssh port points nowhere (named sandbox.py: same stand-in group data)
+    with open(INVENTORY) as f:
+        text = f.read()
+    broken = tmp_path / "sandbox.py"
+    broken.write_text(text.replace('_node("sandbox-b1", 2203', '_node("sandbox-b1", 2299'))
+    for node in sandbox:
+        on_node(node, "rm -f /etc/security/limits.d/90-inference-nodes.conf")
+    proc = pyinfra("--json", "--group-data", "inventories/group_data", str(broken), "deploys/all.py", check=False)
+    assert proc.returncode == 1
+    assert "[sandbox-b1] Could not connect" in proc.stderr
+    results = json.loads(proc.stdout)["results"]
+    limits_op = next(o for o in results["operations"]
+                     if o["name"] == "Host tuning | Set memlock/nofile/stack limits for logins (limits.d)")
+    assert sorted(limits_op["success"]) == ["sandbox-a", "sandbox-b0"]
+    assert on_node("sandbox-b1", "test -e /etc/security/limits.d/90-inference-nodes.conf").returncode == 1
+    pyinfra(INVENTORY, "deploys/all.py")
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
