@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 
 from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, on_node, pyinfra
@@ -68,3 +69,36 @@ def test_unreachable_node_fails_alone_and_the_others_finish(sandbox, tmp_path):
     assert on_node("sandbox-b1", "test -e /etc/security/limits.d/90-inference-nodes.conf").returncode == 1
     pyinfra(INVENTORY, "deploys/all.py")
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
+
+
+def test_add_a_node_drill(sandbox):
+    """One more inventory entry, then preflight and deploy with --limit for it alone: the others see zero
+    changes and the audit is green for all (the new node is a one-node cluster of deployment A's profile)."""
+    drill = os.path.join("inventories", ".drill")
+    os.makedirs(drill, exist_ok=True)
+    link = os.path.join(drill, "group_data")
+    if not os.path.islink(link):
+        os.symlink("../group_data", link)
+    inventory = os.path.join(drill, "sandbox.py")  # same file-name group: the sandbox stand-ins apply
+    with open(INVENTORY) as f:
+        text = f.read()
+    with open(inventory, "w") as f:
+        f.write(text + '\nrtx_pro_6000_pair = rtx_pro_6000_pair + [_node("sandbox-a2", 2204, api_port=8104, '
+                       'cluster_name="rtx-pro-6000-pair-2", **_manifest(_A))]\n')
+    try:
+        up = subprocess.run(["tests/sandbox/node.sh", "up", "sandbox-a2", "2204", "2"], capture_output=True, text=True)
+        assert up.returncode == 0, up.stderr
+        pre = pyinfra(inventory, "deploys.preflight.preflight", "--limit", "sandbox-a2")
+        assert "sandbox-a2  rtx-pro-6000-pair-2/0" in pre.stderr
+        pyinfra(inventory, "deploys/all.py", "--limit", "sandbox-a2")
+        assert changed_operations(pyinfra("--json", inventory, "deploys/all.py")) == []
+        audit = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/audit", "--inventory", inventory],
+                               capture_output=True, text=True, timeout=300)
+        assert audit.returncode == 0, audit.stdout[-3000:]
+        assert "failed" not in audit.stdout
+    finally:
+        subprocess.run(["tests/sandbox/node.sh", "down", "sandbox-a2"], capture_output=True)
+        for path in (inventory, link):
+            if os.path.lexists(path):
+                os.unlink(path)
+        os.rmdir(drill)
