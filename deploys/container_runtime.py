@@ -20,7 +20,7 @@ from pyinfra.operations import apt, files, systemd
 from pyinfra.operations.util import any_changed
 
 from deploys.inventory import node_config
-from deploys.ops import apt_held, atomic_put, fail_host, keyring_verified, secret_file
+from deploys.ops import apt_held, atomic_put, fail_host, flat_repo_source, keyring_verified, secret_file
 from deploys.schema import ContainerRuntimeKeys, NodeConfig, defaults_of
 from facts.containers import CdiSpec, PodmanImageDigest, PodmanVersion
 from facts.nvidia import NvidiaKernelModule
@@ -37,10 +37,7 @@ AUTH_FILE = "/etc/inference-nodes/secrets/registry-auth.json"
 
 
 def render_toolkit_source(cfg: ContainerRuntimeKeys, deb_arch: str) -> str:
-    return (
-        f"{HEADER}Types: deb\nURIs: {cfg.nvidia_toolkit_repo_url.rstrip('/')}/{deb_arch}/\nSuites: /\n"
-        f"Signed-By: {TOOLKIT_KEYRING}\n"
-    )
+    return flat_repo_source(HEADER, f"{cfg.nvidia_toolkit_repo_url.rstrip('/')}/{deb_arch}", TOOLKIT_KEYRING)
 
 
 def render_refresh_env(cfg: ContainerRuntimeKeys) -> str:

@@ -26,13 +26,13 @@ from pyinfra.operations import files, systemd
 
 from deploys.host_tuning import render_fabric_env
 from deploys.inventory import inventory_configs, node_config
+from deploys.model_snapshot import GATE
 from deploys.ops import atomic_put
 from deploys.schema import ContainerKeys, NodeConfig, defaults_of
 
 DEFAULTS = defaults_of(ContainerKeys)  # keys, defaults and meanings: README "Inventory keys"
 
 UNIT_DIR = "/etc/containers/systemd"
-GATE = "/usr/local/bin/inference-nodes-model-gate"
 ROCE_GID = "/usr/local/bin/inference-nodes-roce-gid"
 ROCE_ENV = "/run/inference-nodes/roce.env"
 ALLOW_LIST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

@@ -14,7 +14,7 @@ import os
 import re
 import sys
 
-from files.model_snapshot.verify_snapshot import load_manifest, manifest_digest  # noqa: F401  (re-exported)
+from files.model_snapshot.verify_snapshot import manifest_digest
 
 MANIFEST_DIR = "files/manifests"
 

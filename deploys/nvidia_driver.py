@@ -18,7 +18,7 @@ from pyinfra.operations import apt, server
 from pyinfra.operations.util import any_changed
 
 from deploys.inventory import node_config
-from deploys.ops import apt_held, atomic_put, fail_host, keyring_verified
+from deploys.ops import apt_held, atomic_put, fail_host, flat_repo_source, keyring_verified
 from deploys.schema import NodeConfig, NvidiaDriverKeys, defaults_of
 from facts.nvidia import DRIVER_VERSION, NvidiaDriverPackages, NvidiaKernelModule, driver_state
 
@@ -61,10 +61,7 @@ def cuda_repo_path(os_release: dict, arch: str) -> str:
 
 
 def render_cuda_source(cfg: NvidiaDriverKeys, repo_path: str) -> str:
-    return (
-        f"{HEADER}Types: deb\nURIs: {cfg.nvidia_repo_url.rstrip('/')}/{repo_path}/\nSuites: /\n"
-        f"Signed-By: {KEYRING}\n"
-    )
+    return flat_repo_source(HEADER, f"{cfg.nvidia_repo_url.rstrip('/')}/{repo_path}", KEYRING)
 
 
 def other_branch_packages(packages: dict, branch: str) -> dict[str, str]:

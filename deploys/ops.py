@@ -14,6 +14,11 @@ from pyinfra.facts.server import Command
 from facts.apt import AptHolds, KeyringFingerprints
 
 
+def flat_repo_source(header: str, uri: str, keyring: str) -> str:
+    """A deb822 source for a flat apt repo (`Suites: /`, the layout NVIDIA's CUDA and toolkit repos use)."""
+    return f"{header}Types: deb\nURIs: {uri.rstrip('/')}/\nSuites: /\nSigned-By: {keyring}\n"
+
+
 def _log_and_fail(state, host, message: str) -> bool:
     host.log_styled(message, fg="red", log_func=logger.error)
     return False
