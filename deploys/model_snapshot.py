@@ -27,7 +27,8 @@ from pyinfra.operations import apt, files
 from deploys.inventory import node_config, ssh_options
 from deploys.ops import atomic_put, fail_host, refuse, secret_file
 from deploys.schema import ModelKeys, NodeConfig, defaults_of
-from facts.model import FreeBytes, ModelVerification
+from facts.host import FreeBytes
+from facts.model import ModelVerification
 
 DEFAULTS = defaults_of(ModelKeys)  # keys, defaults and meanings: README "Inventory keys"
 

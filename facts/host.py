@@ -8,6 +8,11 @@ from typing import Any
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+# Shared by two facts: move $p up to its nearest existing parent (the model path may not exist yet), and
+# the bytes available there.
+_NEAREST = 'while [ ! -e "$p" ]; do p=$(dirname "$p"); done'
+_AVAIL = 'df -P -B1 "$p" | awk \'NR==2 {print $4}\''
+
 # One round trip: every value preflight needs, as key=value lines. A missing path (model not there yet)
 # is not an error: free space is read at the nearest existing parent, present bytes are 0.
 _NODE_RESOURCES = r"""
@@ -18,9 +23,9 @@ echo "kernel=$(uname -r)"
 echo "cpus=$(getconf _NPROCESSORS_ONLN)"
 echo "mem_bytes=$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 1024 ))"
 p={model_root}
-while [ ! -e "$p" ]; do p=$(dirname "$p"); done
+{nearest}
 echo "disk_path=$p"
-echo "disk_free_bytes=$(df -P -B1 "$p" | awk 'NR==2 {print $4}')"
+echo "disk_free_bytes=$({avail})"
 if [ -e {snapshot_dir} ]; then echo "model_present_bytes=$(du -sbL {snapshot_dir} 2>/dev/null | cut -f1)"; else echo "model_present_bytes=0"; fi
 echo "rdma=$(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' ')"
 if command -v podman >/dev/null 2>&1; then echo "podman=$(podman --version 2>/dev/null | awk '{print $NF}')"; else echo "podman="; fi
@@ -42,9 +47,9 @@ class NodeResources(FactBase[dict]):
     default = dict
 
     def command(self, model_root: str, snapshot_dir: str) -> str:
-        return _NODE_RESOURCES.replace("{model_root}", shlex.quote(model_root)).replace(
-            "{snapshot_dir}", shlex.quote(snapshot_dir)
-        )
+        return (_NODE_RESOURCES.replace("{nearest}", _NEAREST).replace("{avail}", _AVAIL)
+                .replace("{model_root}", shlex.quote(model_root))
+                .replace("{snapshot_dir}", shlex.quote(snapshot_dir)))
 
     def process(self, output: list[str]) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -79,3 +84,18 @@ class MountSizeBytes(FactBase[int]):
             return int(output[0])
         except (IndexError, ValueError) as e:
             raise FactProcessError(f"MountSizeBytes: unexpected df output {output!r}") from e
+
+
+class FreeBytes(FactBase[int]):
+    """Bytes available at ``path`` (or at its nearest existing parent)."""
+
+    default = int
+
+    def command(self, path: str) -> str:
+        return f"p={shlex.quote(path)}; {_NEAREST}; {_AVAIL}"
+
+    def process(self, output: list[str]) -> int:
+        try:
+            return int(output[0])
+        except (IndexError, ValueError) as e:
+            raise FactProcessError(f"FreeBytes: unexpected df output {output!r}") from e

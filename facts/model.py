@@ -1,4 +1,4 @@
-"""Facts about the model snapshot: the verifier's verdict on the node, free disk where it goes."""
+"""Facts about the model snapshot: the verifier's verdict on the node."""
 
 from __future__ import annotations
 
@@ -31,19 +31,3 @@ class ModelVerification(FactBase[dict]):
             return json.loads(output[-1])
         except (IndexError, ValueError) as e:
             raise FactProcessError(f"ModelVerification: unexpected verifier output {output[-3:]!r}") from e
-
-
-class FreeBytes(FactBase[int]):
-    """Bytes available at ``path`` (or at its nearest existing parent)."""
-
-    default = int
-
-    def command(self, path: str) -> str:
-        return (f"p={shlex.quote(path)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
-                "df -P -B1 \"$p\" | awk 'NR==2 {print $4}'")
-
-    def process(self, output: list[str]) -> int:
-        try:
-            return int(output[0])
-        except (IndexError, ValueError) as e:
-            raise FactProcessError(f"FreeBytes: unexpected df output {output!r}") from e
