@@ -1,7 +1,6 @@
 """CDI spec parsing (pyyaml) on toolkit-shaped specs, staleness rules, and the runtime's rendered files."""
 
 import os
-import runpy
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ from pyinfra.api.exceptions import FactProcessError
 from deploys.container_runtime import cdi_problem, render_refresh_env, render_registries, render_toolkit_source
 from deploys.schema import ContainerRuntimeKeys, InventoryValidationError, validate_hosts
 from facts.containers import CdiSpec, PodmanVersion, parse_cdi_spec
+from tests.unit.profiles import profile
 
 FIX = Path(__file__).parent / "fixtures" / "cdi"
 SPEC_118 = (FIX / "toolkit-1.18-shape.yaml").read_text()
@@ -72,7 +72,8 @@ def test_rendered_files():
     assert "URIs: https://nvidia.github.io/libnvidia-container/stable/deb/arm64/\nSuites: /\n" in render_toolkit_source(cfg, "arm64")
 
 
-PROFILE_A = {k: v for k, v in runpy.run_path("inventories/group_data/rtx_pro_6000_pair.py").items() if not k.startswith("__")}
+
+PROFILE_A = profile("rtx_pro_6000_pair")
 
 
 @pytest.mark.parametrize("changes,key,expected", [

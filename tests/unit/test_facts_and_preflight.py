@@ -1,6 +1,5 @@
 """Fact parsers on real command output, and preflight's refusal rules."""
 
-import runpy
 
 import pytest
 from pyinfra.api.exceptions import FactProcessError
@@ -8,6 +7,7 @@ from pyinfra.api.exceptions import FactProcessError
 from deploys.preflight import format_table, problems_for, row_for
 from deploys.schema import NodeConfig
 from facts.host import MountSizeBytes, NodeResources
+from tests.unit.profiles import profile
 
 # Output of NodeResources' command on a sandbox node (Debian trixie under systemd-nspawn).
 SANDBOX_OUTPUT = """os=Debian GNU/Linux 13 (trixie)
@@ -21,7 +21,8 @@ model_present_bytes=0
 rdma=
 podman=5.4.2""".splitlines()
 
-PROFILE_A = {k: v for k, v in runpy.run_path("inventories/group_data/rtx_pro_6000_pair.py").items() if not k.startswith("__")}
+
+PROFILE_A = profile("rtx_pro_6000_pair")
 CFG = NodeConfig.model_validate(PROFILE_A)
 
 

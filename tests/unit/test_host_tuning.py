@@ -1,14 +1,14 @@
 """Rendering of the host-tuning files and the /dev/shm rule."""
 
-import runpy
 
 import pytest
 
 from deploys import host_tuning
 from deploys.host_tuning import render_fabric_env, render_limits, render_systemd_defaults, shm_problem
 from deploys.schema import HostTuningKeys, NodeConfig
+from tests.unit.profiles import profile
 
-PROFILE_B = {k: v for k, v in runpy.run_path("inventories/group_data/gb10_dspark.py").items() if not k.startswith("__")}
+PROFILE_B = profile("gb10_dspark")
 
 
 def cfg(**changes) -> NodeConfig:

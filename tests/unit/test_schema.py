@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import copy
-import runpy
 
 import pytest
 
 from deploys.inventory import load_inventory
 from deploys.schema import InventoryValidationError, validate_hosts, validate_inventory
+from tests.unit.profiles import profile
 
-PROFILE_A = {k: v for k, v in runpy.run_path("inventories/group_data/rtx_pro_6000_pair.py").items() if not k.startswith("__")}
-PROFILE_B = {k: v for k, v in runpy.run_path("inventories/group_data/gb10_dspark.py").items() if not k.startswith("__")}
+PROFILE_A = profile("rtx_pro_6000_pair")
+PROFILE_B = profile("gb10_dspark")
 
 
 def node_a(**changes):
