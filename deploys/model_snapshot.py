@@ -1,7 +1,8 @@
 """Model snapshot: the pinned commit on every node, verified file by file against a trusted manifest.
 
 `push` mode: the control node downloads once (deploys/model_fetch.py), verifies that copy, and rsyncs
-to each node only what the node's own verifier reports missing or bad, in parallel streams. `hub` mode:
+to each node only what the node's own verifier reports missing or bad, in parallel streams; past
+`model_push_fanout` nodes, verified nodes feed the next ones (deploys/model_fanout.py). `hub` mode:
 each node downloads with the pinned huggingface_hub in a venv the deploy manages (wheels pushed from the
 control node, so nodes need no package index). `present` mode only verifies. Either way the node's
 verifier (files/model_snapshot/verify_snapshot.py, stdlib only) writes the stamp that
@@ -24,6 +25,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 from pyinfra.facts.server import Command
 from pyinfra.operations import apt, files
 
+from deploys import model_fanout
 from deploys.inventory import node_config, ssh_options
 from deploys.ops import atomic_put, fail_host, refuse, secret_file
 from deploys.schema import ModelKeys, NodeConfig, defaults_of
@@ -100,7 +102,9 @@ def _push(state, host, refetch: list[str]) -> bool:
         host.log_styled(f"control-node download failed: {e}", fg="red", log_func=logger.error)
         return False
     src, dest, paths, flags = rsync_plan(cfg, control_dir, refetch)
-    sizes = {p: os.path.getsize(os.path.join(src, p)) for p in paths if os.path.exists(os.path.join(src, p))}
+    follow = "-aL" in flags  # plain: links in the control cache are sent as the files; hf_cache: as links + blobs
+    sizes = {p: (os.stat if follow else os.lstat)(os.path.join(src, p)).st_size
+             for p in paths if os.path.lexists(os.path.join(src, p))}
     data = host.data.dict()
     ssh = "ssh " + " ".join(f"-o {o}" for o in ssh_options(data))
     target = f"{data.get('ssh_hostname') or host.name}:{dest}/"
@@ -178,17 +182,28 @@ def hub_client_installed(venv: str):
 
 
 @operation()
-def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str):
-    """Verify the node's snapshot; in `push` mode fetch exactly the missing/bad files, then verify in full.
+def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
+                    assignment: model_fanout.Assignment | None = None):
+    """Verify the node's snapshot; unless `present`, fetch exactly the missing/bad files, then verify in full.
 
-    + mode: push or present
+    + mode: push, hub or present
     + snapshot_dir: the files of the pinned commit on the node
     + dest_dir: where fetched files land (free disk is checked there first)
+    + wave: the fan-out wave this operation is (0-based); the first one also records what every node needs
+    + assignment: this node's wave and source in a `push` fan-out (None: wave 0 from the control node)
     """
+    assignment = assignment or model_fanout.Assignment(0, None)
+    if wave not in (0, assignment.wave):
+        host.noop(f"{host.name} is synced in wave {assignment.wave + 1}")
+        return
     result = host.get_fact(ModelVerification, verifier=VERIFIER, manifest=MANIFEST, snapshot_dir=snapshot_dir,
                            stamp=STAMP)
+    model_fanout.record_need(host.name, not result.get("ok"))
     if result.get("ok"):
         host.noop(f"{result['files']} files verified ({result['mode']}), {result['manifest_digest']}")
+        return
+    if wave != assignment.wave:
+        host.noop(f"{host.name} needs files: fed by {assignment.source} in wave {assignment.wave + 1}")
         return
     problems = result.get("problems", [])
     if mode == "present":
@@ -210,7 +225,9 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str):
                   '".cache/huggingface/download/$f.metadata"; case "$t" in "$0"/*) rm -f -- "$t";; esac; done')
         yield StringCommand("sh", "-c", QuoteString(script), QuoteString(dest_dir), QuoteString(snapshot_dir),
                             *(QuoteString(p) for p in stale))
-    if refetch and mode == "push":
+    if refetch and mode == "push" and assignment.source:
+        yield FunctionCommand(model_fanout.pull_from_peer, (assignment.source, refetch, MANIFEST, _push), {})
+    elif refetch and mode == "push":
         yield FunctionCommand(_push, (refetch,), {})
     elif refetch:
         cfg = node_config()
@@ -256,9 +273,27 @@ def model_snapshot():
     if cfg.model_layout == "hf_cache":
         atomic_put(name="Write refs/main (offline loads, cache tools)", src=StringIO(cfg.model_revision),
                   dest=f"{cfg.model_dir}/refs/main", user="root", group="root", mode="0644", create_remote_dir=True)
-    snapshot_synced(
-        name="Sync and verify the model snapshot",
-        mode=cfg.model_sync_mode,
-        snapshot_dir=cfg.snapshot_dir,
-        dest_dir=cfg.model_dir if cfg.model_layout == "hf_cache" else cfg.model_root,
-    )
+    if cfg.model_sync_mode == "push":
+        atomic_put(name="Install the peer pull helper (push fan-out)",
+                  src=os.path.join(here, "files/model_snapshot/peer_pull.py"), dest=model_fanout.PEER_PULL,
+                  user="root", group="root", mode="0755")
+    waves, plan = model_fanout.run_plan()
+    for wave in range(waves):
+        of = f" (wave {wave + 1} of {waves})" if waves > 1 else ""
+        if wave > 0:
+            model_fanout.peers_served(
+                name=f"Serve the verified model copy to the nodes of wave {wave + 1}",
+                wave=wave,
+                targets=sorted(t for t, a in plan.items() if a.wave == wave and a.source == host.name),
+                root=cfg.model_dir,
+                _ignore_errors=True,  # a node that cannot serve is no failure: its targets fall back to the control node
+            )
+        snapshot_synced(
+            name=f"Sync and verify the model snapshot{of}",
+            mode=cfg.model_sync_mode,
+            snapshot_dir=cfg.snapshot_dir,
+            dest_dir=cfg.model_dir if cfg.model_layout == "hf_cache" else cfg.model_root,
+            wave=wave,
+            assignment=plan.get(host.name),
+        )
+    model_fanout.peers_stopped(name="Stop serving the model to peers (seed daemon, run secret)")

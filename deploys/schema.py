@@ -179,6 +179,19 @@ class ModelKeys(_Keys):
         "/var/cache/inference-nodes/hub", description="control-node HF cache the `push` mode downloads into"
     )
     model_rsync_streams: int = _key(4, description="parallel rsync streams per node in `push` mode", ge=1, le=16)
+    model_push_fanout: int = _key(
+        2,
+        description="`push` mode: nodes each holder feeds per wave; the control node feeds the first this many of a "
+        "group, then every node holding a verified copy feeds this many more (node to node)",
+        ge=1, le=16,
+    )
+    model_peer_address: str | None = _key(
+        None,
+        description="address this node serves its verified copy to peers on during a `push` fan-out "
+        "(default: `fabric_address`, else the SSH host)",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]*$",
+    )
+    model_peer_port: int = _key(873, description="TCP port of that transient read-only rsync daemon", ge=1, le=65535)
 
     @model_validator(mode="after")
     def _revision_is_commit(self) -> ModelKeys:

@@ -1,0 +1,227 @@
+"""`push` mode fan-out: past `model_push_fanout` nodes, nodes holding a verified copy feed the next ones.
+
+A group is the push-mode hosts of this run that want the same files at the same place (repo, commit, layout,
+snapshot path). Wave 1: the control node feeds the group's first F nodes (F = `model_push_fanout`). Wave k: every
+node fed before serves F more, so holders multiply by F+1 per wave and the control node's uplink carries one
+copy per F nodes of the first wave only.
+
+A serving node runs a transient, read-only rsync daemon (`systemd-run`, chrooted, as nobody, on its peer address)
+with a secret made for this run only: 0600 under /run, never printed, removed when the run ends. A target whose
+peer cannot serve (it failed earlier, its daemon did not start, the pull broke) is fed by the control node instead,
+and every target verifies what it received in full before it may serve anyone.
+"""
+
+from __future__ import annotations
+
+import secrets
+import weakref
+from dataclasses import dataclass, field
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.context import ctx_state
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.facts.server import Command
+
+from deploys.inventory import inventory_configs, node_config
+
+SEED_UNIT = "inference-nodes-model-seed"
+SEED_DIR = "/run/inference-nodes/model-seed"
+SEED_USER = "inference-nodes"
+SEED_MAX_SECONDS = 6 * 3600  # a run killed mid-way leaves no daemon behind for longer than this
+PEER_PULL = "/usr/local/lib/inference-nodes/peer_pull.py"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    wave: int  # 0-based
+    source: str | None  # the serving host's name; None: the control node
+
+
+def fanout_waves(members: list[str], per_source: int) -> dict[str, Assignment]:
+    """Who feeds whom, in order: the control node the first ``per_source``, then each holder ``per_source`` more."""
+    plan = {name: Assignment(0, None) for name in members[:per_source]}
+    holders, pending, wave = list(plan), list(members[per_source:]), 1
+    while pending:
+        fed = []
+        for source in holders:
+            for _ in range(per_source):
+                if pending:
+                    target = pending.pop(0)
+                    plan[target] = Assignment(wave, source)
+                    fed.append(target)
+        holders += fed
+        wave += 1
+    return plan
+
+
+@dataclass
+class _Run:
+    """One deploy run's fan-out: the plan, whether each host's snapshot needs files (recorded by the first
+    sync wave, read by the serving waves), which hosts serve, and each server's secret."""
+
+    waves: int
+    plan: dict[str, Assignment]
+    needs: dict[str, bool] = field(default_factory=dict)
+    serving: set[str] = field(default_factory=set)
+    secrets: dict[str, str] = field(default_factory=dict)
+
+    def secret(self, server: str) -> str:
+        return self.secrets.setdefault(server, secrets.token_urlsafe(32))
+
+
+_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _run(state=None) -> _Run:
+    # pyinfra's `state` is a context proxy (the same object in every run): key on the State itself
+    state = state if state is not None else ctx_state.get()
+    if state not in _runs:
+        configs = inventory_configs(state.inventory)
+        groups: dict[tuple, list[str]] = {}
+        for h in state.inventory:
+            cfg = configs[h.name]
+            if h in state.activated_hosts and state.is_host_in_limit(h) and cfg.model_sync_mode == "push" \
+                    and cfg.model_manifest is not None:
+                key = (cfg.model_repo, cfg.model_revision, cfg.model_layout, cfg.snapshot_dir, cfg.model_push_fanout)
+                groups.setdefault(key, []).append(h.name)
+        plan: dict[str, Assignment] = {}
+        for key, members in groups.items():
+            plan.update(fanout_waves(members, key[-1]))
+        _runs[state] = _Run(1 + max((a.wave for a in plan.values()), default=0), plan)
+    return _runs[state]
+
+
+def run_plan() -> tuple[int, dict[str, Assignment]]:
+    """(number of waves, assignment of every push-mode host) for the hosts connected in this run."""
+    run = _run()
+    return run.waves, run.plan
+
+
+def record_need(name: str, needs_files: bool) -> None:
+    _run().needs[name] = needs_files
+
+
+def peer_endpoint(peer) -> tuple[str, int]:
+    cfg = node_config(peer)
+    address = cfg.model_peer_address or cfg.fabric_address or peer.data.get("ssh_hostname") or peer.name
+    return address, cfg.model_peer_port
+
+
+def render_rsyncd_conf(root: str) -> str:
+    return (
+        "# Managed by inference-nodes: this node's verified model copy, read-only, for one deploy run's peers.\n"
+        "use chroot = yes\nuid = nobody\ngid = nogroup\ntransfer logging = yes\n"
+        f"max connections = 64\nlock file = {SEED_DIR}/rsyncd.lock\n\n"
+        f"[model]\n    path = {root}\n    read only = yes\n    list = no\n    auth users = {SEED_USER}\n"
+        f"    secrets file = {SEED_DIR}/secrets\n    strict modes = yes\n"
+    )
+
+
+_WAIT_LISTENING = (
+    "import socket, subprocess, sys, time\n"
+    "addr, port, unit = sys.argv[1], int(sys.argv[2]), sys.argv[3]\n"
+    "def active():\n"
+    "    return subprocess.run(['systemctl', 'is-active', '--quiet', unit]).returncode == 0\n"
+    "for _ in range(100):\n"
+    "    try:\n"
+    "        socket.create_connection((addr, port), 0.5).close()\n"
+    "    except OSError:\n"
+    "        if not active():\n"
+    "            break\n"
+    "        time.sleep(0.1)\n"
+    "        continue\n"
+    "    time.sleep(0.3)\n"
+    "    if active():\n"
+    "        sys.exit(0)\n"
+    "    break\n"
+    "log = subprocess.run(['journalctl', '-u', unit, '-n', '3', '--no-pager', '-o', 'cat'], capture_output=True,"
+    " text=True).stdout.strip().replace(chr(10), ' | ')\n"
+    "sys.exit(f'cannot serve peers on {addr}:{port}: {unit} is not running ({log or \"no log\"})')\n"
+)
+
+
+@operation()
+def peers_served(wave: int, targets: list[str], root: str):
+    """Serve this node's verified copy to its ``targets`` of ``wave``, when any of them needs files.
+
+    + wave: the wave (0-based) the targets are fed in
+    + targets: hosts this node feeds in that wave
+    + root: the directory served (the repo's cache folder, or the plain directory)
+    """
+    run = _run()
+    needy = [t for t in targets if run.needs.get(t)]
+    if not needy:
+        host.noop(f"no node of wave {wave + 1} needs files from {host.name}")
+        return
+    if host.name in run.serving:
+        host.noop(f"{host.name} already serves its copy in this run")
+        return
+    address, port = peer_endpoint(host)
+    yield StringCommand("systemctl", "stop", SEED_UNIT, "2>/dev/null", "||", "true")
+    yield StringCommand("install", "-d", "-m", "0700", "-o", "root", "-g", "root", SEED_DIR)
+    yield FileUploadCommand(StringIO(render_rsyncd_conf(root)), f"{SEED_DIR}/rsyncd.conf")
+    yield FileUploadCommand(StringIO(f"{SEED_USER}:{run.secret(host.name)}\n"), f"{SEED_DIR}/secrets")
+    yield StringCommand("chmod", "0600", f"{SEED_DIR}/secrets", f"{SEED_DIR}/rsyncd.conf")
+    yield StringCommand(
+        "systemd-run", "--quiet", f"--unit={SEED_UNIT}", "--collect", f"--property=RuntimeMaxSec={SEED_MAX_SECONDS}",
+        "--property=ProtectSystem=strict", f"--property=ReadWritePaths={SEED_DIR}", "--property=ProtectHome=read-only",
+        "--property=PrivateTmp=yes",
+        "rsync", "--daemon", "--no-detach", f"--config={SEED_DIR}/rsyncd.conf", f"--address={address}",
+        f"--port={port}",
+    )
+    yield StringCommand("python3", "-c", QuoteString(_WAIT_LISTENING), QuoteString(address), str(port), SEED_UNIT)
+    yield FunctionCommand(_mark_serving, (f"serving its verified model copy on {address}:{port} to "
+                                          f"{', '.join(needy)}",), {})
+
+
+def _mark_serving(state, host, message: str) -> bool:
+    _run(state).serving.add(host.name)
+    host.log_styled(message, log_func=logger.info)
+    return True
+
+
+@operation()
+def peers_stopped():
+    """No seed daemon and no run secret left on the node once the run's waves are done."""
+    seen = host.get_fact(Command, command=f"systemctl is-active {SEED_UNIT} 2>/dev/null; "
+                                          f"test -d {SEED_DIR} && echo seed-dir; true").split()
+    if seen[:1] in (["active"], ["activating"]):
+        yield StringCommand("systemctl", "stop", SEED_UNIT)
+    if "seed-dir" in seen:
+        yield StringCommand("rm", "-rf", SEED_DIR)
+    if not (seen[:1] in (["active"], ["activating"]) or "seed-dir" in seen):
+        host.noop("no seed daemon, no run secret")
+
+
+def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str, fallback) -> bool:
+    """Fetch ``refetch`` from ``source``'s seed; when it cannot serve, ``fallback(state, host, refetch)``."""
+    peer = state.inventory.get_host(source)
+    if peer in state.failed_hosts:
+        reason = "it failed earlier in this run"
+    elif source not in _run(state).serving:
+        reason = "its seed is not running"
+    else:
+        cfg = node_config(host)
+        address, port = peer_endpoint(peer)
+        sudo = {"_sudo": True} if host.data.get("_sudo") else {}
+        password = f"{SEED_DIR}/password-{source}"
+        url = f"rsync://{SEED_USER}@{f'[{address}]' if ':' in address else address}:{port}/model/"
+        dest = cfg.model_dir if cfg.model_layout == "hf_cache" else cfg.model_root
+        snapshot = f"snapshots/{cfg.model_revision}" if cfg.model_layout == "hf_cache" else ""
+        ok, out = host.run_shell_command(StringCommand("install", "-d", "-m", "0700", SEED_DIR), **sudo)
+        ok = ok and host.put_file(StringIO(_run(state).secret(source) + "\n"), password, **sudo)
+        ok = ok and host.run_shell_command(StringCommand("chmod", "0600", password), **sudo)[0]
+        if ok:
+            ok, out = host.run_shell_command(StringCommand(
+                "python3", PEER_PULL, QuoteString(url), QuoteString(dest), password, manifest,
+                "--layout", cfg.model_layout, "--snapshot", QuoteString(snapshot),
+                "--streams", str(cfg.model_rsync_streams), *(QuoteString(p) for p in sorted(refetch)),
+            ), **sudo)
+        if ok:
+            host.log_styled(f"pulled {out.stdout.strip()} from peer {source} ({address}:{port})", log_func=logger.info)
+            return True
+        reason = (out.stderr.strip().splitlines() or ["could not pull"])[-1]
+    host.log_styled(f"peer {source} cannot feed {host.name} ({reason}): the control node feeds it instead",
+                    fg="yellow", log_func=logger.warning)
+    return fallback(state, host, refetch)

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Pull model files from a peer node's read-only rsync daemon, in parallel streams; stdlib only (runs on the node).
+
+    peer_pull.py URL DEST PASSWORD_FILE MANIFEST --layout {plain,hf_cache} --streams N [--snapshot REL] FILE...
+
+FILE paths are relative to the snapshot. In the `hf_cache` layout the snapshot's symlinks come first (tiny), and
+the blobs they point at follow; in `plain` the files themselves. Sizes come from the manifest so the streams are
+balanced, largest first. Exit status: 0 every stream succeeded, 1 otherwise (each failure named).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def balanced(paths: list[str], sizes: dict[str, int], streams: int) -> list[list[str]]:
+    buckets = [[0, []] for _ in range(max(1, min(streams, len(paths))))]
+    for p in sorted(paths, key=lambda p: -sizes.get(p, 0)):
+        bucket = min(buckets, key=lambda b: b[0])
+        bucket[0] += sizes.get(p, 0)
+        bucket[1].append(p)
+    return [items for _, items in buckets if items]
+
+
+def rsync_all(url: str, dest: str, password_file: str, groups: list[list[str]], tmp: str) -> list[str]:
+    procs = []
+    for n, group in enumerate(groups):
+        listing = os.path.join(tmp, f"files-{len(os.listdir(tmp))}-{n}")
+        with open(listing, "w") as f:
+            f.write("\n".join(group) + "\n")
+        cmd = ["rsync", "-a", "--partial", "--mkpath", "--timeout=120", f"--password-file={password_file}",
+               f"--files-from={listing}", url, dest + "/"]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    failures = []
+    for proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            failures.append(f"rsync exit {proc.returncode}: {err.strip()[-300:]}")
+    return failures
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("dest")
+    ap.add_argument("password_file")
+    ap.add_argument("manifest")
+    ap.add_argument("--layout", choices=("plain", "hf_cache"), required=True)
+    ap.add_argument("--snapshot", default="", help="the snapshot directory relative to DEST (hf_cache)")
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("files", nargs="+")
+    args = ap.parse_args()
+
+    with open(args.manifest) as f:
+        sizes = {e["path"]: e["size"] for e in json.load(f)["files"]}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.layout == "plain":
+            wanted = {p: sizes.get(p, 0) for p in args.files}
+        else:
+            links = [f"{args.snapshot}/{p}" for p in args.files]
+            failures = rsync_all(args.url, args.dest, args.password_file, [links], tmp)
+            if failures:
+                print(f"snapshot links from {args.url}: {'; '.join(failures)}", file=sys.stderr)
+                return 1
+            wanted = {}
+            for rel, link in zip(args.files, links):
+                if not os.path.islink(os.path.join(args.dest, link)):
+                    continue  # the peer holds a regular file there: it came with the links
+                target = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(os.path.join(args.dest, link))))
+                if target.startswith(".."):
+                    print(f"{link} points outside {args.dest}: refused", file=sys.stderr)
+                    return 1
+                wanted[target] = sizes.get(rel, 0)
+        failures = rsync_all(args.url, args.dest, args.password_file, balanced(list(wanted), wanted, args.streams), tmp)
+    if failures:
+        print(f"pull from {args.url} failed: {' | '.join(failures)}", file=sys.stderr)
+        return 1
+    total = sum(wanted.values())
+    took = time.monotonic() - started
+    print(f"{len(args.files)} file(s), {total} bytes in {min(args.streams, len(wanted))} stream(s), {took:.1f} s "
+          f"({total / max(took, 1e-6) / 1e6:.0f} MB/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
