@@ -24,6 +24,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 from pyinfra.facts.server import Command
 
 from deploys.inventory import inventory_configs, node_config
+from deploys.schema import NodeConfig
 
 SEED_UNIT = "inference-nodes-model-seed"
 SEED_DIR = "/run/inference-nodes/model-seed"
@@ -55,6 +56,19 @@ def fanout_waves(members: list[str], per_source: int) -> dict[str, Assignment]:
     return plan
 
 
+def fanout_plan(hosts: list[tuple[str, NodeConfig]]) -> dict[str, Assignment]:
+    """Assignments of the `push`-mode hosts, in inventory order, grouped by the files they want where."""
+    groups: dict[tuple, list[str]] = {}
+    for name, cfg in hosts:
+        if cfg.model_sync_mode == "push" and cfg.model_manifest is not None:
+            key = (cfg.model_repo, cfg.model_revision, cfg.model_layout, cfg.snapshot_dir, cfg.model_push_fanout)
+            groups.setdefault(key, []).append(name)
+    plan: dict[str, Assignment] = {}
+    for key, members in groups.items():
+        plan.update(fanout_waves(members, key[-1]))
+    return plan
+
+
 @dataclass
 class _Run:
     """One deploy run's fan-out: the plan, whether each host's snapshot needs files (recorded by the first
@@ -78,16 +92,9 @@ def _run(state=None) -> _Run:
     state = state if state is not None else ctx_state.get()
     if state not in _runs:
         configs = inventory_configs(state.inventory)
-        groups: dict[tuple, list[str]] = {}
-        for h in state.inventory:
-            cfg = configs[h.name]
-            if h in state.activated_hosts and state.is_host_in_limit(h) and cfg.model_sync_mode == "push" \
-                    and cfg.model_manifest is not None:
-                key = (cfg.model_repo, cfg.model_revision, cfg.model_layout, cfg.snapshot_dir, cfg.model_push_fanout)
-                groups.setdefault(key, []).append(h.name)
-        plan: dict[str, Assignment] = {}
-        for key, members in groups.items():
-            plan.update(fanout_waves(members, key[-1]))
+        running = [(h.name, configs[h.name]) for h in state.inventory
+                   if h in state.activated_hosts and state.is_host_in_limit(h)]
+        plan = fanout_plan(running)
         _runs[state] = _Run(1 + max((a.wave for a in plan.values()), default=0), plan)
     return _runs[state]
 
@@ -104,7 +111,9 @@ def record_need(name: str, needs_files: bool) -> None:
 
 def peer_endpoint(peer) -> tuple[str, int]:
     cfg = node_config(peer)
-    address = cfg.model_peer_address or cfg.fabric_address or peer.data.get("ssh_hostname") or peer.name
+    # the SSH host by default: the network the control node reaches every node on (a GB10 pair's fabric is often
+    # a direct cable that no other node can reach)
+    address = cfg.model_peer_address or peer.data.get("ssh_hostname") or peer.name
     return address, cfg.model_peer_port
 
 

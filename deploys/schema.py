@@ -188,7 +188,7 @@ class ModelKeys(_Keys):
     model_peer_address: str | None = _key(
         None,
         description="address this node serves its verified copy to peers on during a `push` fan-out "
-        "(default: `fabric_address`, else the SSH host)",
+        "(default: the SSH host; set a faster network that every node of the group can reach)",
         pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]*$",
     )
     model_peer_port: int = _key(873, description="TCP port of that transient read-only rsync daemon", ge=1, le=65535)

@@ -31,10 +31,11 @@ def _node(name: str, port: int, **data):
 
 _A, _B = "7872f01b1d1fe23eabc4c98b48bffcef5a386062", "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
 
-# Nodes share this machine's network namespace, so each serves its API on its own loopback port.
-rtx_pro_6000_pair = [_node("sandbox-a", 2201, api_port=8101, **_manifest(_A))]
+# Nodes share this machine's network namespace, so each serves its API (and, in a push fan-out, its model copy)
+# on its own loopback port.
+rtx_pro_6000_pair = [_node("sandbox-a", 2201, api_port=8101, model_peer_port=8731, **_manifest(_A))]
 
 gb10_dspark = [
-    _node("sandbox-b0", 2202, node_rank=0, fabric_address="127.0.1.10", api_port=8102, **_manifest(_B)),
-    _node("sandbox-b1", 2203, node_rank=1, fabric_address="127.0.1.11", api_port=8103, **_manifest(_B)),
+    _node("sandbox-b0", 2202, node_rank=0, fabric_address="127.0.1.10", api_port=8102, model_peer_port=8732, **_manifest(_B)),
+    _node("sandbox-b1", 2203, node_rank=1, fabric_address="127.0.1.11", api_port=8103, model_peer_port=8733, **_manifest(_B)),
 ]

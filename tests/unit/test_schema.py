@@ -93,6 +93,9 @@ BAD_SINGLE = [
     ("service_env", {"TP_SIZE": "4", "KV_OFFLOADING_SIZE": "8"}, "TP_SIZE equal to tensor_parallel_size"),
     ("service_env", {"BAD NAME": "x"}, "environment variable name"),
     ("fabric_address", "spark-b0", "IPv4 or IPv6"),
+    ("model_peer_address", "10.0.0.1; rm -rf /", "a value matching"),
+    ("model_peer_port", 0, "greater than or equal to 1"),
+    ("model_push_fanout", 0, "greater than or equal to 1"),
     ("cluster_name", "Has Spaces", "a value matching"),
 ]
 
