@@ -28,7 +28,7 @@ from deploys.host_tuning import render_fabric_env
 from deploys.inventory import inventory_configs, node_config
 from deploys.model_snapshot import GATE
 from deploys.ops import atomic_put
-from deploys.schema import ContainerKeys, NodeConfig, defaults_of
+from deploys.schema import ContainerKeys, NodeConfig, cluster_head, clusters, defaults_of
 
 DEFAULTS = defaults_of(ContainerKeys)  # keys, defaults and meanings: README "Inventory keys"
 
@@ -169,14 +169,11 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
 
 def render_cluster(configs: dict[str, NodeConfig]) -> dict[str, str]:
     """Every host's unit, with each cluster's head and size resolved."""
-    clusters: dict[str, list[NodeConfig]] = {}
-    for cfg in configs.values():
-        clusters.setdefault(cfg.cluster_name, []).append(cfg)
+    by_cluster = clusters(configs)
     out = {}
     for name, cfg in configs.items():
-        members = clusters[cfg.cluster_name]
-        head = next((c for c in members if c.node_rank == 0), None)
-        out[name] = render_container(cfg, head, len(members))
+        members = by_cluster[cfg.cluster_name]
+        out[name] = render_container(cfg, cluster_head(members), len(members))
     return out
 
 
@@ -185,8 +182,8 @@ FINGERPRINTS = "/var/lib/inference-nodes"
 
 
 def cluster_of(cfg: NodeConfig) -> tuple[NodeConfig | None, int]:
-    members = [c for c in inventory_configs(host.inventory).values() if c.cluster_name == cfg.cluster_name]
-    return next((c for c in members if c.node_rank == 0), None), len(members)
+    members = clusters(inventory_configs(host.inventory))[cfg.cluster_name]
+    return cluster_head(members), len(members)
 
 
 def fingerprint(unit_text: str, cfg: NodeConfig) -> str:

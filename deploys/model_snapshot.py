@@ -30,6 +30,7 @@ from deploys.inventory import node_config, ssh_options
 from deploys.ops import atomic_put, fail_host, refuse, secret_file
 from deploys.schema import ModelKeys, NodeConfig, defaults_of
 from facts.host import FreeBytes
+from files.model_snapshot.peer_pull import balanced  # the same stream split on both sides
 from facts.model import ModelVerification
 
 DEFAULTS = defaults_of(ModelKeys)  # keys, defaults and meanings: README "Inventory keys"
@@ -84,16 +85,6 @@ def rsync_plan(cfg: NodeConfig, control_dir: str, refetch: list[str]) -> tuple[s
     return repo_root, cfg.model_dir, paths, ["-a"]
 
 
-def split_streams(paths: list[str], sizes: dict[str, int], streams: int) -> list[list[str]]:
-    """Largest first onto the least-loaded stream."""
-    buckets: list[tuple[int, list[str]]] = [(0, []) for _ in range(max(1, min(streams, len(paths))))]
-    for p in sorted(paths, key=lambda p: -sizes.get(p, 0)):
-        i = min(range(len(buckets)), key=lambda k: buckets[k][0])
-        load, items = buckets[i]
-        buckets[i] = (load + sizes.get(p, 0), items + [p])
-    return [items for _, items in buckets if items]
-
-
 def _push(state, host, refetch: list[str]) -> bool:
     cfg = node_config(host)
     try:
@@ -111,7 +102,7 @@ def _push(state, host, refetch: list[str]) -> bool:
     extra = ["--rsync-path", "sudo rsync"] if data.get("_sudo") else []
     procs = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n, group in enumerate(split_streams(paths, sizes, cfg.model_rsync_streams)):
+        for n, group in enumerate(balanced(paths, sizes, cfg.model_rsync_streams)):
             listing = os.path.join(tmp, f"files-{n}")
             with open(listing, "w") as f:
                 f.write("\n".join(group) + "\n")

@@ -627,13 +627,22 @@ def parse_node(host: str, data: dict[str, Any]) -> tuple[NodeConfig | None, list
         return None, _problems_from(host, data, e)
 
 
+def clusters(configs: dict[str, NodeConfig]) -> dict[str, list[tuple[str, NodeConfig]]]:
+    """Hosts by `cluster_name`, in inventory order: (host name, config) pairs."""
+    out: dict[str, list[tuple[str, NodeConfig]]] = defaultdict(list)
+    for name, cfg in configs.items():
+        out[cfg.cluster_name].append((name, cfg))
+    return dict(out)
+
+
+def cluster_head(members: list[tuple[str, NodeConfig]]) -> NodeConfig | None:
+    return next((cfg for _, cfg in members if cfg.node_rank == 0), None)
+
+
 def cluster_problems(configs: dict[str, NodeConfig]) -> list[Problem]:
     """Rules across the nodes of a cluster: size, ranks, one head, fabric addresses."""
     problems: list[Problem] = []
-    clusters: dict[str, list[tuple[str, NodeConfig]]] = defaultdict(list)
-    for name, cfg in configs.items():
-        clusters[cfg.cluster_name].append((name, cfg))
-    for cluster, members in clusters.items():
+    for cluster, members in clusters(configs).items():
         n = len(members)
         for name, cfg in members:
             expected_tp = len(cfg.gpu_indices) * n

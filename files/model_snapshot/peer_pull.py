@@ -20,6 +20,7 @@ import time
 
 
 def balanced(paths: list[str], sizes: dict[str, int], streams: int) -> list[list[str]]:
+    """Largest first onto the least-loaded stream (the control node's push splits its streams the same way)."""
     buckets = [[0, []] for _ in range(max(1, min(streams, len(paths))))]
     for p in sorted(paths, key=lambda p: -sizes.get(p, 0)):
         bucket = min(buckets, key=lambda b: b[0])

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from deploys.model_fanout import SEED_DIR, SEED_UNIT
 from files.model_snapshot.verify_snapshot import manifest_digest
 
 
@@ -32,3 +33,9 @@ def test_cache_layout_has_refs_main(node):
     if node.cfg.model_layout != "hf_cache":
         pytest.skip("plain layout: no HF cache refs")
     assert node.host.file(f"{node.cfg.model_dir}/refs/main").content_string.strip() == node.cfg.model_revision
+
+
+def test_no_push_seed_or_run_secret_left(node):
+    """A push fan-out serves peers only while its run lasts: no daemon, no secret afterwards."""
+    assert not node.host.service(SEED_UNIT).is_running
+    assert not node.host.file(SEED_DIR).exists

@@ -67,3 +67,14 @@ def test_the_seed_is_read_only_chrooted_unprivileged_and_authenticated():
                  "path = /srv/models/x"):
         assert line in conf
     assert "write only" not in conf and "hosts allow" not in conf
+
+
+def test_streams_take_every_file_once_largest_first_onto_the_least_loaded():
+    from files.model_snapshot.peer_pull import balanced
+
+    sizes = {"a": 100, "b": 60, "c": 50, "d": 40, "e": 10}
+    groups = balanced(list(sizes), sizes, 2)
+    assert sorted(p for g in groups for p in g) == sorted(sizes)
+    # a 100 | b 60, c 50 (the lighter at 60) | d 40 onto a (100 < 110) | e onto b+c (110 < 140)
+    assert groups == [["a", "d"], ["b", "c", "e"]]
+    assert balanced(["x"], {"x": 1}, 4) == [["x"]]  # never more streams than files
