@@ -35,7 +35,7 @@ def _node(i):
     return (f"bench-{{i}}", {{"ssh_hostname": "127.0.0.1", "ssh_port": 2300 + i, "ssh_user": "root",
         "ssh_key": f"{{_DIR}}/ssh/id_ed25519", "ssh_strict_host_key_checking": "off",
         "ssh_known_hosts_file": "/dev/null", "_sudo": False, "cluster_name": f"bench-{{i}}",
-        "api_port": 8200 + i, **({{"model_manifest": _M}} if os.path.exists(_M) else {{}})}})
+        "api_port": 8200 + i, "model_peer_port": 8740 + i, **({{"model_manifest": _M}} if os.path.exists(_M) else {{}})}})
 
 rtx_pro_6000_pair = [_node(i) for i in range({n})]
 '''
@@ -45,14 +45,15 @@ def run(cmd, **kw):
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, **kw)
 
 
-def converge(inventory: str) -> tuple[float, int, int]:
+def converge(inventory: str) -> tuple[float, int, int, int]:
     t0 = time.perf_counter()
-    proc = run([PYINFRA, "-y", "--json", "--group-data", "inventories/group_data", inventory, "deploys/all.py"])
+    proc = run([PYINFRA, "-y", "-v", "--json", "--group-data", "inventories/group_data", inventory, "deploys/all.py"])
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"converge failed:\n{proc.stderr[-3000:]}")
     totals = json.loads(proc.stdout)["results"]["totals"]
-    return wall, totals["hosts"], totals["success"]
+    peer_fed = sum(1 for line in proc.stderr.splitlines() if "pulled" in line and "from peer" in line)
+    return wall, totals["hosts"], totals["success"], peer_fed
 
 
 def bench(n: int, tmp: str) -> dict:
@@ -70,12 +71,12 @@ def bench(n: int, tmp: str) -> dict:
     if gen.returncode != 0:
         raise SystemExit(gen.stderr)
     try:
-        first, ops, changed_first = converge(inventory)
-        noop, _, changed_noop = converge(inventory)
+        first, ops, changed_first, peer_fed = converge(inventory)
+        noop, _, changed_noop, _ = converge(inventory)
     finally:
         run([NODE_SH, "down-all"])
     return {"nodes": n, "first_s": first, "noop_s": noop, "ops": ops, "changed_first": changed_first,
-            "changed_noop": changed_noop}
+            "changed_noop": changed_noop, "peer_fed": peer_fed}
 
 
 def main() -> int:
@@ -87,11 +88,13 @@ def main() -> int:
         for n in (int(x) for x in args.nodes.split(",")):
             rows.append(bench(n, tmp))
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; deploys/all.py, deployment A's profile per node")
-    print("| nodes | first converge (s) | no-op re-converge (s) | operations | changed (first) | changed (no-op) |")
-    print("|------:|-------------------:|----------------------:|-----------:|----------------:|----------------:|")
+    print("| nodes | first converge (s) | no-op re-converge (s) | operations | changed (first) | changed (no-op) "
+          "| model fed by a peer |")
+    print("|------:|-------------------:|----------------------:|-----------:|----------------:|----------------:"
+          "|--------------------:|")
     for r in rows:
         print(f"| {r['nodes']} | {r['first_s']:.1f} | {r['noop_s']:.1f} | {r['ops']} | {r['changed_first']} "
-              f"| {r['changed_noop']} |")
+              f"| {r['changed_noop']} | {r['peer_fed']} |")
     one = next((r for r in rows if r["nodes"] == 1), None)
     four = next((r for r in rows if r["nodes"] == 4), None)
     if one:
