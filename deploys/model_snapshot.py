@@ -216,6 +216,10 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
                   '".cache/huggingface/download/$f.metadata"; case "$t" in "$0"/*) rm -f -- "$t";; esac; done')
         yield StringCommand("sh", "-c", QuoteString(script), QuoteString(dest_dir), QuoteString(snapshot_dir),
                             *(QuoteString(p) for p in stale))
+    if refetch:  # parallel rsync streams must not race to create the directories (mkdir: File exists)
+        made = {dest_dir, snapshot_dir} | ({f"{dest_dir}/blobs"} if snapshot_dir != dest_dir else set())
+        made |= {posixpath.join(snapshot_dir, posixpath.dirname(p)) for p in refetch if "/" in p}
+        yield StringCommand("mkdir", "-p", *(QuoteString(d) for d in sorted(made)))
     if refetch and mode == "push" and assignment.source:
         yield FunctionCommand(model_fanout.pull_from_peer, (assignment.source, refetch, MANIFEST, _push), {})
     elif refetch and mode == "push":

@@ -2,7 +2,7 @@
 the next one over its transient read-only rsync daemon, not the control node; a peer that cannot serve is replaced
 by the control node; nothing is left serving once the run ends.
 
-The three nodes are pointed at one model, commit and path (`--data`), which makes them one group: the control node
+The three nodes are pointed at one model, commit and path (`--data`; both layouts), which makes them one group: the control node
 feeds sandbox-a and sandbox-b0 (wave 1), sandbox-a feeds sandbox-b1 (wave 2). The module fixture converges the
 real inventory again afterwards, so each node gets its own model, manifest and gate back.
 """
@@ -25,26 +25,38 @@ MODEL_ONLY = "deploys.model_snapshot.model_snapshot"
 SHARDS = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
 
 
-@pytest.fixture(scope="module")
-def one_group(sandbox):
+def group_args(layout: str) -> list[str]:
     sandbox_dir = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
     manifest = f"{sandbox_dir}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{COMMIT}.json"
-    args = ["--data", f'model_root="{ROOT}"', "--data", 'model_layout="plain"',
+    return ["--data", f'model_root="{ROOT}"', "--data", f'model_layout="{layout}"',
             "--data", f'model_revision="{COMMIT}"', "--data", f'model_manifest="{manifest}"']
-    for node in sandbox:
-        assert on_node(node, f"rm -rf {ROOT}").returncode == 0
-    yield args
+
+
+def snapshot(layout: str) -> str:
+    return f"{ROOT}/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731/snapshots/{COMMIT}" if layout == "hf_cache" else ROOT
+
+
+@pytest.fixture(scope="module")
+def restore(sandbox):
+    yield
     for node in sandbox:
         on_node(node, f"rm -rf {ROOT}")
     pyinfra(INVENTORY, "deploys/all.py")  # each node's own model, manifest and gate again
+
+
+@pytest.fixture(params=["plain", "hf_cache"])
+def one_group(request, sandbox, restore):
+    for node in sandbox:
+        assert on_node(node, f"rm -rf {ROOT}").returncode == 0
+    return request.param, group_args(request.param)
 
 
 def host_lines(proc, node: str) -> list[str]:
     return [line for line in proc.stderr.splitlines() if f"[{node}]" in line]
 
 
-def verified_in_full(node: str) -> bool:
-    return on_node(node, f"python3 {VERIFIER} {MANIFEST} {ROOT} --full").returncode == 0
+def verified_in_full(node: str, layout: str) -> bool:
+    return on_node(node, f"python3 {VERIFIER} {MANIFEST} {snapshot(layout)} --full").returncode == 0
 
 
 def nothing_left_serving(node: str) -> bool:
@@ -52,7 +64,9 @@ def nothing_left_serving(node: str) -> bool:
 
 
 def test_a_verified_peer_feeds_the_third_node(sandbox, one_group):
-    proc = pyinfra("-vvv", "--diff", INVENTORY, MODEL_ONLY, *one_group)
+    layout, args = one_group
+    on_node("sandbox-a", "journalctl --rotate --vacuum-time=1s -q")  # this test's daemon log only
+    proc = pyinfra("-vvv", "--diff", INVENTORY, MODEL_ONLY, *args)
     # the run's secret (a 43-character token after the user name in the daemon's secrets file) is never shown
     assert not re.search(r"inference-nodes:[A-Za-z0-9_-]{40,}", proc.stdout + proc.stderr)
     for node in ("sandbox-a", "sandbox-b0"):
@@ -65,28 +79,33 @@ def test_a_verified_peer_feeds_the_third_node(sandbox, one_group):
                for line in host_lines(proc, "sandbox-a"))
     # the peer's own daemon log: it sent every shard
     sent = on_node("sandbox-a", "journalctl -t rsyncd -o cat --no-pager").stdout
-    for shard in SHARDS:
-        assert re.search(rf"send .* model \(inference-nodes\) {shard} 3145937", sent), sent[-2000:]
+    for shard in SHARDS:  # hf_cache: the blob behind each shard's link
+        name = shard if layout == "plain" else "blobs/[0-9a-f]{64}"
+        assert len(re.findall(rf"send .* model \(inference-nodes\) {name} 3145937", sent)) >= (
+            1 if layout == "plain" else 4), sent[-2000:]
     for node in sandbox:
-        assert verified_in_full(node), node
+        assert verified_in_full(node, layout), node
         assert nothing_left_serving(node), node
-    assert changed_operations(pyinfra("--json", INVENTORY, MODEL_ONLY, *one_group)) == []
+    assert changed_operations(pyinfra("--json", INVENTORY, MODEL_ONLY, *args)) == []
 
 
-def test_a_peer_that_cannot_serve_is_replaced_by_the_control_node(sandbox, one_group):
-    pyinfra(INVENTORY, MODEL_ONLY, *one_group)  # a and b0 hold verified copies (also when run alone)
+def test_a_peer_that_cannot_serve_is_replaced_by_the_control_node(sandbox, restore):
+    for node in sandbox:
+        assert on_node(node, f"rm -rf {ROOT}").returncode == 0
+    args = group_args("plain")
+    pyinfra(INVENTORY, MODEL_ONLY, *args)  # a and b0 hold verified copies (also when run alone)
     assert on_node("sandbox-b1", f"rm -rf {ROOT}").returncode == 0
     with socket.socket() as squatter:  # the nodes share this machine's network: take sandbox-a's peer port
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.1", 8731))
         squatter.listen()
-        proc = pyinfra("-v", INVENTORY, MODEL_ONLY, *one_group)
+        proc = pyinfra("-v", INVENTORY, MODEL_ONLY, *args)
     assert any("cannot serve peers on 127.0.0.1:8731" in line for line in host_lines(proc, "sandbox-a"))
     b1 = host_lines(proc, "sandbox-b1")
     assert any("peer sandbox-a cannot feed sandbox-b1 (its seed is not running): the control node feeds it instead"
                in line for line in b1), proc.stderr[-3000:]
     assert any("pushed 7 file(s)" in line for line in b1)
     for node in sandbox:
-        assert verified_in_full(node), node
+        assert verified_in_full(node, "plain"), node
         assert nothing_left_serving(node), node
-    assert changed_operations(pyinfra("--json", INVENTORY, MODEL_ONLY, *one_group)) == []
+    assert changed_operations(pyinfra("--json", INVENTORY, MODEL_ONLY, *args)) == []
