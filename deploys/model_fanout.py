@@ -2,8 +2,11 @@
 
 A group is the push-mode hosts of this run that want the same files at the same place (repo, commit, layout,
 snapshot path). Wave 1: the control node feeds the group's first F nodes (F = `model_push_fanout`). Wave k: every
-node fed before serves F more, so holders multiply by F+1 per wave and the control node's uplink carries one
-copy per F nodes of the first wave only.
+node fed before serves F more, so holders multiply by F+1 per wave and the control node's uplink carries F
+copies per group however many nodes it has (plus any fallback below).
+
+pyinfra must run each operation on every host before the next (its default): under `--serial` or `--no-wait`
+the waves lose their order and targets fall back to the control node, with a warning each.
 
 A serving node runs a transient, read-only rsync daemon (`systemd-run`, chrooted, as nobody, on its peer address)
 with a secret made for this run only: 0600 under /run, never printed, removed when the run ends. A target whose
@@ -13,17 +16,20 @@ and every target verifies what it received in full before it may serve anyone.
 
 from __future__ import annotations
 
+import hashlib
+import re
 import secrets
 import weakref
 from dataclasses import dataclass, field
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.context import ctx_state
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.context import ctx_state
 from pyinfra.facts.server import Command
 
 from deploys.inventory import inventory_configs, node_config
+from deploys.ops import fail_host
 from deploys.schema import NodeConfig
 
 SEED_UNIT = "inference-nodes-model-seed"
@@ -71,12 +77,13 @@ def fanout_plan(hosts: list[tuple[str, NodeConfig]]) -> dict[str, Assignment]:
 
 @dataclass
 class _Run:
-    """One deploy run's fan-out: the plan, whether each host's snapshot needs files (recorded by the first
-    sync wave, read by the serving waves), which hosts serve, and each server's secret."""
+    """One deploy run's fan-out: the plan, each host's verifier verdict (recorded by the first sync wave, read by
+    the serving waves and by the host's own later wave, so a big snapshot is not re-hashed), which hosts serve,
+    and each server's secret."""
 
     waves: int
     plan: dict[str, Assignment]
-    needs: dict[str, bool] = field(default_factory=dict)
+    verdicts: dict[str, dict] = field(default_factory=dict)  # the verifier's, per host, from the first wave
     serving: set[str] = field(default_factory=set)
     secrets: dict[str, str] = field(default_factory=dict)
 
@@ -105,8 +112,16 @@ def run_plan() -> tuple[int, dict[str, Assignment]]:
     return run.waves, run.plan
 
 
-def record_need(name: str, needs_files: bool) -> None:
-    _run().needs[name] = needs_files
+def record_verdict(name: str, verdict: dict) -> None:
+    _run().verdicts[name] = verdict
+
+
+def recorded_verdict(name: str) -> dict | None:
+    return _run().verdicts.get(name)
+
+
+def run_host(name: str):
+    return ctx_state.get().inventory.get_host(name)
 
 
 def peer_endpoint(peer) -> tuple[str, int]:
@@ -114,14 +129,17 @@ def peer_endpoint(peer) -> tuple[str, int]:
     # the SSH host by default: the network the control node reaches every node on (a GB10 pair's fabric is often
     # a direct cable that no other node can reach)
     address = cfg.model_peer_address or peer.data.get("ssh_hostname") or peer.name
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.:-]*", address):
+        raise ValueError(f"host {peer.name}: peer address {address!r} (from ssh_hostname or the host name) is not an "
+                         "address or host name: set model_peer_address")
     return address, cfg.model_peer_port
 
 
-def render_rsyncd_conf(root: str) -> str:
+def render_rsyncd_conf(root: str, max_connections: int) -> str:
     return (
         "# Managed by inference-nodes: this node's verified model copy, read-only, for one deploy run's peers.\n"
         "use chroot = yes\nuid = nobody\ngid = nogroup\ntransfer logging = yes\n"
-        f"max connections = 64\nlock file = {SEED_DIR}/rsyncd.lock\n\n"
+        f"max connections = {max_connections}\nlock file = {SEED_DIR}/rsyncd.lock\n\n"
         f"[model]\n    path = {root}\n    read only = yes\n    list = no\n    auth users = {SEED_USER}\n"
         f"    secrets file = {SEED_DIR}/secrets\n    strict modes = yes\n"
     )
@@ -159,24 +177,30 @@ def peers_served(wave: int, targets: list[str], root: str):
     + root: the directory served (the repo's cache folder, or the plain directory)
     """
     run = _run()
-    needy = [t for t in targets if run.needs.get(t)]
+    needy = [t for t in targets if t in run.verdicts and not run.verdicts[t].get("ok")]
     if not needy:
         host.noop(f"no node of wave {wave + 1} needs files from {host.name}")
         return
     if host.name in run.serving:
         host.noop(f"{host.name} already serves its copy in this run")
         return
-    address, port = peer_endpoint(host)
+    try:
+        address, port = peer_endpoint(host)
+    except ValueError as e:
+        yield fail_host(str(e))  # the operation's errors are ignored: its targets fall back to the control node
+        return
+    # every target's streams at once (they may be configured differently), plus one for the links pass
+    connections = sum(node_config(run_host(t)).model_rsync_streams + 1 for t in targets)
     yield StringCommand("systemctl", "stop", SEED_UNIT, "2>/dev/null", "||", "true")
     yield StringCommand("install", "-d", "-m", "0700", "-o", "root", "-g", "root", SEED_DIR)
-    yield FileUploadCommand(StringIO(render_rsyncd_conf(root)), f"{SEED_DIR}/rsyncd.conf")
+    yield FileUploadCommand(StringIO(render_rsyncd_conf(root, connections)), f"{SEED_DIR}/rsyncd.conf")
     yield FileUploadCommand(StringIO(f"{SEED_USER}:{run.secret(host.name)}\n"), f"{SEED_DIR}/secrets")
     yield StringCommand("chmod", "0600", f"{SEED_DIR}/secrets", f"{SEED_DIR}/rsyncd.conf")
     yield StringCommand(
         "systemd-run", "--quiet", f"--unit={SEED_UNIT}", "--collect", f"--property=RuntimeMaxSec={SEED_MAX_SECONDS}",
         "--property=ProtectSystem=strict", f"--property=ReadWritePaths={SEED_DIR}", "--property=ProtectHome=read-only",
-        "--property=PrivateTmp=yes",
-        "rsync", "--daemon", "--no-detach", f"--config={SEED_DIR}/rsyncd.conf", f"--address={address}",
+        "--property=PrivateTmp=yes", "--property=NoNewPrivileges=yes",
+        "rsync", "--daemon", "--no-detach", f"--config={SEED_DIR}/rsyncd.conf", QuoteString(f"--address={address}"),
         f"--port={port}",
     )
     yield StringCommand("python3", "-c", QuoteString(_WAIT_LISTENING), QuoteString(address), str(port), SEED_UNIT)
@@ -214,19 +238,22 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str, 
         cfg = node_config(host)
         address, port = peer_endpoint(peer)
         sudo = {"_sudo": True} if host.data.get("_sudo") else {}
-        password = f"{SEED_DIR}/password-{source}"
+        password = f"{SEED_DIR}/password-{hashlib.sha256(source.encode()).hexdigest()[:16]}"  # no name in a path
         url = f"rsync://{SEED_USER}@{f'[{address}]' if ':' in address else address}:{port}/model/"
         dest = cfg.model_dir if cfg.model_layout == "hf_cache" else cfg.model_root
         snapshot = f"snapshots/{cfg.model_revision}" if cfg.model_layout == "hf_cache" else ""
         ok, out = host.run_shell_command(StringCommand("install", "-d", "-m", "0700", SEED_DIR), **sudo)
-        ok = ok and host.put_file(StringIO(_run(state).secret(source) + "\n"), password, **sudo)
-        ok = ok and host.run_shell_command(StringCommand("chmod", "0600", password), **sudo)[0]
-        if ok:
-            ok, out = host.run_shell_command(StringCommand(
-                "python3", PEER_PULL, QuoteString(url), QuoteString(dest), password, manifest,
-                "--layout", cfg.model_layout, "--snapshot", QuoteString(snapshot),
-                "--streams", str(cfg.model_rsync_streams), *(QuoteString(p) for p in sorted(refetch)),
-            ), **sudo)
+        try:
+            ok = ok and host.put_file(StringIO(_run(state).secret(source) + "\n"), password, **sudo)
+            ok = ok and host.run_shell_command(StringCommand("chmod", "0600", password), **sudo)[0]
+            if ok:
+                ok, out = host.run_shell_command(StringCommand(
+                    "python3", PEER_PULL, QuoteString(url), QuoteString(dest), password, manifest,
+                    "--layout", cfg.model_layout, "--snapshot", QuoteString(snapshot),
+                    "--streams", str(cfg.model_rsync_streams), *(QuoteString(p) for p in sorted(refetch)),
+                ), **sudo)
+        finally:  # not left behind even if this host fails before the run's stop operation
+            host.run_shell_command(StringCommand("rm", "-f", password), **sudo)
         if ok:
             host.log_styled(f"pulled {out.stdout.strip()} from peer {source} ({address}:{port})", log_func=logger.info)
             return True

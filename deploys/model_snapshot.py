@@ -106,7 +106,7 @@ def _push(state, host, refetch: list[str]) -> bool:
             listing = os.path.join(tmp, f"files-{n}")
             with open(listing, "w") as f:
                 f.write("\n".join(group) + "\n")
-            cmd = ["rsync", *flags, "--partial", "--mkpath", "--files-from", listing, "-e", ssh, *extra,
+            cmd = ["rsync", *flags, "--chmod=D0755,F0644", "--partial", "--mkpath", "--files-from", listing, "-e", ssh, *extra,
                    f"{src}/", target]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         failed = []
@@ -187,9 +187,11 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
     if wave not in (0, assignment.wave):
         host.noop(f"{host.name} is synced in wave {assignment.wave + 1}")
         return
-    result = host.get_fact(ModelVerification, verifier=VERIFIER, manifest=MANIFEST, snapshot_dir=snapshot_dir,
-                           stamp=STAMP)
-    model_fanout.record_need(host.name, not result.get("ok"))
+    result = model_fanout.recorded_verdict(host.name) if wave > 0 else None  # unchanged since the first wave
+    if result is None:
+        result = host.get_fact(ModelVerification, verifier=VERIFIER, manifest=MANIFEST, snapshot_dir=snapshot_dir,
+                               stamp=STAMP)
+        model_fanout.record_verdict(host.name, result)
     if result.get("ok"):
         host.noop(f"{result['files']} files verified ({result['mode']}), {result['manifest_digest']}")
         return

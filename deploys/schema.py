@@ -41,6 +41,8 @@ PYINFRA_KEY_PREFIXES = ("_", "ssh_", "docker_", "podman_", "chroot_", "fake_", "
 def _absolute(value: str) -> str:
     if not PurePosixPath(value).is_absolute() or ".." in PurePosixPath(value).parts:
         raise ValueError("expected an absolute path without '..'")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):  # a newline would reach unit and config files
+        raise ValueError("expected a path without control characters")
     return str(PurePosixPath(value))
 
 

@@ -35,7 +35,9 @@ def rsync_all(url: str, dest: str, password_file: str, groups: list[list[str]], 
         listing = os.path.join(tmp, f"files-{len(os.listdir(tmp))}-{n}")
         with open(listing, "w") as f:
             f.write("\n".join(group) + "\n")
-        cmd = ["rsync", "-a", "--partial", "--mkpath", "--timeout=120", f"--password-file={password_file}",
+        # modes normalised: the served copy must stay readable by the peer's unprivileged daemon and the container
+        cmd = ["rsync", "-a", "--chmod=D0755,F0644", "--partial", "--mkpath", "--contimeout=10", "--timeout=120",
+               f"--password-file={password_file}",
                f"--files-from={listing}", url, dest + "/"]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     failures = []

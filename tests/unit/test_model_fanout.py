@@ -61,10 +61,10 @@ def test_lab_groups_hosts_that_want_the_same_files_at_the_same_place():
 
 
 def test_the_seed_is_read_only_chrooted_unprivileged_and_authenticated():
-    conf = render_rsyncd_conf("/srv/models/x")
+    conf = render_rsyncd_conf("/srv/models/x", 10)
     for line in ("use chroot = yes", "uid = nobody", "read only = yes", "list = no",
                  f"auth users = {model_fanout.SEED_USER}", f"secrets file = {SEED_DIR}/secrets", "strict modes = yes",
-                 "path = /srv/models/x"):
+                 "path = /srv/models/x", "max connections = 10"):
         assert line in conf
     assert "write only" not in conf and "hosts allow" not in conf
 

@@ -74,6 +74,7 @@ BAD_SINGLE = [
     ("image_digest", "sha256:abc", "64 lower-case hex"),
     ("image", "registry.home.arpa/vllm@sha256:" + "a" * 64, "without '@digest'"),
     ("model_root", "data/hf", "absolute path"),
+    ("model_root", "/srv/models\n[evil]", "without control characters"),
     ("jit_cache_dir", "/mnt/data/../etc", "absolute path"),
     ("container_shm_size", "16g", "container_ipc_host"),
     ("gpu_indices", [0, 0], "unique GPU indices"),
