@@ -30,7 +30,7 @@ from deploys.inventory import node_config, ssh_options
 from deploys.ops import atomic_put, fail_host, refuse, secret_file
 from deploys.schema import ModelKeys, NodeConfig, defaults_of
 from facts.host import FreeBytes
-from files.model_snapshot.peer_pull import balanced  # the same stream split on both sides
+from files.model_snapshot.peer_pull import balanced, parallel_rsync  # the same streams on both sides
 from facts.model import ModelVerification
 
 DEFAULTS = defaults_of(ModelKeys)  # keys, defaults and meanings: README "Inventory keys"
@@ -100,24 +100,13 @@ def _push(state, host, refetch: list[str]) -> bool:
     ssh = "ssh " + " ".join(f"-o {o}" for o in ssh_options(data))
     target = f"{data.get('ssh_hostname') or host.name}:{dest}/"
     extra = ["--rsync-path", "sudo rsync"] if data.get("_sudo") else []
-    procs = []
+    groups = balanced(paths, sizes, cfg.model_rsync_streams)
     with tempfile.TemporaryDirectory() as tmp:
-        for n, group in enumerate(balanced(paths, sizes, cfg.model_rsync_streams)):
-            listing = os.path.join(tmp, f"files-{n}")
-            with open(listing, "w") as f:
-                f.write("\n".join(group) + "\n")
-            cmd = ["rsync", *flags, "--chmod=D0755,F0644", "--partial", "--mkpath", "--files-from", listing, "-e", ssh, *extra,
-                   f"{src}/", target]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        failed = []
-        for proc in procs:
-            _, err = proc.communicate()
-            if proc.returncode != 0:
-                failed.append(err.strip()[-500:])
+        failed = parallel_rsync([*flags, "-e", ssh, *extra], f"{src}/", target, groups, tmp)
     if failed:
         host.log_styled(f"rsync to {dest} failed: {' | '.join(failed)}", fg="red", log_func=logger.error)
         return False
-    host.log_styled(f"pushed {len(refetch)} file(s), {sum(sizes.values())} bytes, in {len(procs)} stream(s)",
+    host.log_styled(f"pushed {len(refetch)} file(s), {sum(sizes.values())} bytes, in {len(groups)} stream(s)",
                     log_func=logger.info)
     return True
 

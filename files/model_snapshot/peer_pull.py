@@ -29,22 +29,25 @@ def balanced(paths: list[str], sizes: dict[str, int], streams: int) -> list[list
     return [items for _, items in buckets if items]
 
 
-def rsync_all(url: str, dest: str, password_file: str, groups: list[list[str]], tmp: str) -> list[str]:
+# modes normalised: a copy must stay readable by a peer's unprivileged seed daemon and by the container
+COPY_OPTIONS = ["--chmod=D0755,F0644", "--partial", "--mkpath"]
+
+
+def parallel_rsync(options: list[str], src: str, dest: str, groups: list[list[str]], tmp: str) -> list[str]:
+    """One rsync per group of paths (its own --files-from listing in ``tmp``), all at once; the failures.
+    The control node's push runs it too."""
     procs = []
     for n, group in enumerate(groups):
         listing = os.path.join(tmp, f"files-{len(os.listdir(tmp))}-{n}")
         with open(listing, "w") as f:
             f.write("\n".join(group) + "\n")
-        # modes normalised: the served copy must stay readable by the peer's unprivileged daemon and the container
-        cmd = ["rsync", "-a", "--chmod=D0755,F0644", "--partial", "--mkpath", "--contimeout=10", "--timeout=120",
-               f"--password-file={password_file}",
-               f"--files-from={listing}", url, dest + "/"]
+        cmd = ["rsync", *options, *COPY_OPTIONS, f"--files-from={listing}", src, dest]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     failures = []
     for proc in procs:
         _, err = proc.communicate()
         if proc.returncode != 0:
-            failures.append(f"rsync exit {proc.returncode}: {err.strip()[-300:]}")
+            failures.append(f"rsync exit {proc.returncode}: {err.strip()[-500:]}")
     return failures
 
 
@@ -63,12 +66,13 @@ def main() -> int:
     with open(args.manifest) as f:
         sizes = {e["path"]: e["size"] for e in json.load(f)["files"]}
     started = time.monotonic()
+    daemon = ["-a", "--contimeout=10", "--timeout=120", f"--password-file={args.password_file}"]
     with tempfile.TemporaryDirectory() as tmp:
         if args.layout == "plain":
             wanted = {p: sizes.get(p, 0) for p in args.files}
         else:
             links = [f"{args.snapshot}/{p}" for p in args.files]
-            failures = rsync_all(args.url, args.dest, args.password_file, [links], tmp)
+            failures = parallel_rsync(daemon, args.url, args.dest + "/", [links], tmp)
             if failures:
                 print(f"snapshot links from {args.url}: {'; '.join(failures)}", file=sys.stderr)
                 return 1
@@ -81,7 +85,7 @@ def main() -> int:
                     print(f"{link} points outside {args.dest}: refused", file=sys.stderr)
                     return 1
                 wanted[target] = sizes.get(rel, 0)
-        failures = rsync_all(args.url, args.dest, args.password_file, balanced(list(wanted), wanted, args.streams), tmp)
+        failures = parallel_rsync(daemon, args.url, args.dest + "/", balanced(list(wanted), wanted, args.streams), tmp)
     if failures:
         print(f"pull from {args.url} failed: {' | '.join(failures)}", file=sys.stderr)
         return 1
