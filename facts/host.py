@@ -70,6 +70,13 @@ class NodeResources(FactBase[dict]):
         return values
 
 
+def _df_bytes(fact: FactBase, output: list[str]) -> int:
+    try:
+        return int(output[0])
+    except (IndexError, ValueError) as e:
+        raise FactProcessError(f"{type(fact).__name__}: unexpected df output {output!r}") from e
+
+
 class MountSizeBytes(FactBase[int]):
     """Size in bytes of the filesystem mounted at ``path`` (``/dev/shm``: the tmpfs limit), 0 if absent."""
 
@@ -80,10 +87,7 @@ class MountSizeBytes(FactBase[int]):
         return f"if [ -d {q} ]; then df -P -B1 {q} | awk 'NR==2 {{print $2}}'; else echo 0; fi"
 
     def process(self, output: list[str]) -> int:
-        try:
-            return int(output[0])
-        except (IndexError, ValueError) as e:
-            raise FactProcessError(f"MountSizeBytes: unexpected df output {output!r}") from e
+        return _df_bytes(self, output)
 
 
 class FreeBytes(FactBase[int]):
@@ -95,7 +99,4 @@ class FreeBytes(FactBase[int]):
         return f"p={shlex.quote(path)}; {_NEAREST}; {_AVAIL}"
 
     def process(self, output: list[str]) -> int:
-        try:
-            return int(output[0])
-        except (IndexError, ValueError) as e:
-            raise FactProcessError(f"FreeBytes: unexpected df output {output!r}") from e
+        return _df_bytes(self, output)
