@@ -20,6 +20,7 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.facts.files import Sha256File
 from pyinfra.facts.server import Command
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files, systemd
@@ -28,11 +29,11 @@ from deploys.host_tuning import render_fabric_env
 from deploys.inventory import inventory_configs, node_config
 from deploys.model_snapshot import GATE
 from deploys.ops import atomic_put
-from deploys.schema import ContainerKeys, NodeConfig, cluster_head, clusters, defaults_of
-
-DEFAULTS = defaults_of(ContainerKeys)  # keys, defaults and meanings: README "Inventory keys"
+from deploys.unit_text import command_line, environment_line
+from deploys.schema import NodeConfig, cluster_head, clusters
 
 UNIT_DIR = "/etc/containers/systemd"
+RUN_DIR = "/run/inference-nodes"
 ROCE_GID = "/usr/local/bin/inference-nodes-roce-gid"
 ROCE_ENV = "/run/inference-nodes/roce.env"
 ALLOW_LIST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -74,31 +75,57 @@ def model_path_in_container(cfg: NodeConfig) -> str:
 
 
 def served_model_name(cfg: NodeConfig) -> str:
-    """The name clients ask for: SERVED_MODEL_NAME, `--served-model-name`, else (as vLLM does) the model path."""
-    if cfg.service_env.get("SERVED_MODEL_NAME"):
-        return cfg.service_env["SERVED_MODEL_NAME"]
-    if "--served-model-name" in cfg.vllm_args:
-        return cfg.vllm_args[cfg.vllm_args.index("--served-model-name") + 1]
-    return model_path_in_container(cfg)
+    """The name clients ask for: `served_model_name`, else (as vLLM does) the model path."""
+    return cfg.served_model_name or cfg.service_env.get("SERVED_MODEL_NAME") or model_path_in_container(cfg)
+
+
+def is_head(cfg: NodeConfig) -> bool:
+    return cfg.node_rank == 0
+
+
+def vllm_argv(cfg: NodeConfig, head: NodeConfig | None, nodes: int) -> list[str]:
+    """`cli` launch: vLLM's whole command line after `vllm_command`, from typed keys. Multi-node clusters
+    get vLLM's own flags (it reads no NODE_RANK/MASTER_ADDR environment); workers serve no API."""
+    argv = [model_path_in_container(cfg)]
+    if cfg.served_model_name:
+        argv += ["--served-model-name", cfg.served_model_name]
+    argv += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+    if nodes > 1:
+        argv += ["--nnodes", str(nodes), "--node-rank", str(cfg.node_rank),
+                 "--master-addr", head.fabric_address if head else "", "--master-port", str(cfg.vllm_master_port)]
+    if nodes > 1 and not is_head(cfg):
+        argv.append("--headless")
+    else:
+        argv += ["--host", cfg.api_bind_address, "--port", str(cfg.api_port)]
+    return argv + list(cfg.vllm_args)
+
+
+def container_argv(cfg: NodeConfig, head: NodeConfig | None, nodes: int) -> list[str]:
+    """What the unit's `Exec=` passes to the image (after its entrypoint)."""
+    if cfg.vllm_launch == "image_env":
+        return shlex.split(cfg.container_exec or "")
+    return list(cfg.vllm_command) + vllm_argv(cfg, head, nodes)
 
 
 def service_environment(cfg: NodeConfig, head: NodeConfig | None, nodes: int) -> dict[str, str]:
-    """The profile's env plus what the toolkit derives: GPUs, model path, offline hub, and for multi-node
-    clusters rank, node count, the head's fabric address and this node's own."""
+    """The profile's env plus what the toolkit derives. Only variables something reads: GPUs, the offline
+    hub, vLLM's compile cache on the JIT volume, this node's fabric address (VLLM_HOST_IP, which vLLM
+    reads), a pinned GID index; for `image_env` images, their script's contract (MODEL_PATH, HOST, PORT,
+    SERVED_MODEL_NAME, TP_SIZE: the toolkit's reading of seed 000)."""
     env = dict(cfg.service_env)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.gpu_indices))
-    env["MODEL_PATH"] = model_path_in_container(cfg)
     env["HF_HUB_OFFLINE"] = "1"
-    # where the API must listen, for entrypoints that take it from the environment
-    env["INFERENCE_API_HOST"] = cfg.api_bind_address
-    env["INFERENCE_API_PORT"] = str(cfg.api_port)
+    if cfg.jit_cache_dir:
+        env.setdefault("VLLM_CACHE_ROOT", f"{cfg.jit_cache_mount}/vllm")
+    if cfg.vllm_launch == "image_env":
+        env["MODEL_PATH"] = model_path_in_container(cfg)
+        env["HOST"] = cfg.api_bind_address
+        env.setdefault("PORT", str(cfg.api_port))
+        env.setdefault("TP_SIZE", str(cfg.tensor_parallel_size))
+        if cfg.served_model_name:
+            env.setdefault("SERVED_MODEL_NAME", cfg.served_model_name)
     if nodes > 1:
-        env["NODE_RANK"] = str(cfg.node_rank)
-        env["NNODES"] = str(nodes)
-        env["MASTER_ADDR"] = head.fabric_address if head else ""
         env["VLLM_HOST_IP"] = cfg.fabric_address or ""
-        if cfg.node_rank > 0:
-            env["HEADLESS"] = "1"
         if cfg.nccl_ib_gid_index is not None:
             env["NCCL_IB_GID_INDEX"] = str(cfg.nccl_ib_gid_index)
     return env
@@ -116,12 +143,8 @@ def podman_args(cfg: NodeConfig) -> str:
     return " ".join(args)
 
 
-def exec_line(cfg: NodeConfig) -> str | None:
-    args = shlex.split(cfg.container_exec) if cfg.container_exec else []
-    args += cfg.vllm_args
-    if cfg.vllm_args or not cfg.container_exec:
-        args += ["--host", cfg.api_bind_address, "--port", str(cfg.api_port)]
-    return " ".join(shlex.quote(a) for a in args) if args else None
+def started_from_path(cfg: NodeConfig) -> str:
+    return f"{RUN_DIR}/{cfg.container_name}.started-from"
 
 
 def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int = 1) -> str:
@@ -137,29 +160,43 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
     out.append(f"PodmanArgs={podman_args(cfg)}\n")
     if cfg.container_shm_size:
         out.append(f"ShmSize={cfg.container_shm_size}\n")
-    if cfg.container_exec:
-        out.append("RunInit=true\n")
+    out.append("RunInit=true\n")  # an init as PID 1 forwards SIGTERM and reaps vLLM's worker processes
     model_host = cfg.model_dir if cfg.model_layout == "hf_cache" else cfg.model_root
     out.append(f"Volume={model_host}:{cfg.model_mount}:ro\n")
     if cfg.jit_cache_dir:
         out.append(f"Volume={cfg.jit_cache_dir}:{cfg.jit_cache_mount}\n")
     if cfg.container_tmp_dir:
         out.append(f"Volume={cfg.container_tmp_dir}:{cfg.container_tmp_mount}\n")
+    if nodes > 1 and not is_head(cfg) and head is not None and head.fabric_address:
+        # vLLM's worker outlives its head ("Parent process exited", then nothing). The head's
+        # torch.distributed port stays open while the job lives: when it closes, Podman kills the worker
+        # and Restart= brings it back to wait for the head, so the pair re-forms.
+        probe = (f"{cfg.vllm_python} -c 'import socket; socket.create_connection"
+                 f"((\"{head.fabric_address}\", {cfg.vllm_master_port}), 5).close()'")
+        # Quadlet passes HealthCmd= on as one string (Podman runs it with /bin/sh -c): written as is;
+        # its parts are an IP address and port validated by the schema, and the image's python.
+        out += [f"HealthCmd={probe}\n", "HealthInterval=10s\n", "HealthRetries=3\n",
+                f"HealthStartPeriod={cfg.service_timeout_start_sec}s\n", "HealthOnFailure=kill\n"]
     out.append(f"EnvironmentFile={cfg.fabric_env_file}\n")
     fabric = nodes > 1 and cfg.nccl_ib_gid_index is None
     if fabric:
         out.append(f"EnvironmentFile={ROCE_ENV}\n")
     for key, value in sorted(service_environment(cfg, head, nodes).items()):
-        out.append(f"Environment={key}={value}\n" if " " not in value else f'Environment="{key}={value}"\n')
-    exec_ = exec_line(cfg)
-    if exec_:
-        out.append(f"Exec={exec_}\n")
+        out.append(environment_line(key, value))
+    argv = container_argv(cfg, head, nodes)
+    if argv:
+        out.append(f"Exec={command_line(argv)}\n")
     out += ["\n[Service]\n", f"ExecStartPre={GATE}\n"]
     if fabric:  # RoCE v2 GID indices differ per node and move after reboots: read them at every start
         out.append(f"ExecStartPre={ROCE_GID} {ROCE_ENV} {cfg.fabric_address}\n")
     dirs = [d for d in (cfg.jit_cache_dir, cfg.container_tmp_dir) if d]
     if dirs:
-        out.append(f"ExecStartPre=/usr/bin/mkdir -p {' '.join(dirs)}\n")
+        out.append(f"ExecStartPre={command_line(['/usr/bin/mkdir', '-p', *dirs])}\n")
+    # What this start really runs from (the unit and fabric env as they are now, hand edits included):
+    # a converge compares it with what it renders and restarts a service started from anything else.
+    record = (f"mkdir -p {RUN_DIR} && cat {UNIT_DIR}/{cfg.container_name}.container {cfg.fabric_env_file} "
+              f"| sha256sum | cut -d' ' -f1 > {started_from_path(cfg)}")
+    out.append(f"ExecStartPre={command_line(['/bin/sh', '-c', record])}\n")
     out += [f"TimeoutStartSec={cfg.service_timeout_start_sec}\n", f"TimeoutStopSec={cfg.service_timeout_stop_sec}\n",
             "Restart=on-failure\n", f"RestartSec={cfg.service_restart_sec}\n", f"LimitMEMLOCK={memlock}\n",
             f"LimitNOFILE={cfg.limits_nofile}\n", f"LimitSTACK={cfg.limits_stack}\n",
@@ -178,7 +215,7 @@ def render_cluster(configs: dict[str, NodeConfig]) -> dict[str, str]:
 
 
 ROCE_HELPER = "/usr/local/lib/inference-nodes/roce_gid.py"
-FINGERPRINTS = "/var/lib/inference-nodes"
+ARGS_CHECK = "/usr/local/lib/inference-nodes/check_vllm_args.py"
 
 
 def cluster_of(cfg: NodeConfig) -> tuple[NodeConfig | None, int]:
@@ -187,58 +224,90 @@ def cluster_of(cfg: NodeConfig) -> tuple[NodeConfig | None, int]:
 
 
 def fingerprint(unit_text: str, cfg: NodeConfig) -> str:
-    """What a restart must follow: the unit, the fabric env it reads, the image."""
-    material = unit_text + render_fabric_env(cfg) + cfg.image_ref
-    return hashlib.sha256(material.encode()).hexdigest()
+    """What a running service must have started from: the unit and the fabric env it reads (the image is
+    in the unit). The unit records the same hash of the files at every start (`started_from_path`)."""
+    return hashlib.sha256((unit_text + render_fabric_env(cfg)).encode()).hexdigest()
+
+
+def args_check_command(cfg: NodeConfig, argv: list[str]) -> str:
+    """Shell command that parses ``argv`` with the vLLM inside the pinned image (nothing starts)."""
+    run = ["podman", "run", "--rm", "--pull=never", "--network=none", f"--entrypoint={cfg.vllm_python}",
+           "-v", f"{ARGS_CHECK}:/run/inference-nodes-check_vllm_args.py:ro", cfg.image_ref,
+           "/run/inference-nodes-check_vllm_args.py", *argv]
+    refused = f"the vLLM in {cfg.image_ref} refused the new command line; the unit was not changed"
+    return f"{shlex.join(run)} || {{ echo {shlex.quote(refused)} >&2; exit 1; }}"
 
 
 @operation()
-def service_current(service: str, fingerprint: str, act: bool = True):
-    """Start ``service`` if it is down, restart it if its fingerprint changed, else leave it alone.
+def vllm_accepts(unit_path: str, unit_text: str, check: str | None):
+    """Before a unit changes, its vLLM command line is parsed by the image's own vLLM; a refusal fails
+    this host before the unit is written, so the running service keeps running untouched.
+
+    + unit_path: the installed unit
+    + unit_text: the unit about to be installed
+    + check: the check command (None: the image's own script builds the arguments, nothing to parse)
+    """
+    installed = host.get_fact(Sha256File, path=unit_path)
+    if installed == hashlib.sha256(unit_text.encode()).hexdigest():
+        host.noop("unit unchanged, its command line was checked when it was installed")
+        return
+    if check is None:
+        host.noop("image_env launch: the image's script builds vLLM's arguments from the environment")
+        return
+    yield StringCommand(check)
+
+
+@operation()
+def service_current(service: str, started_from: str, fingerprint: str, act: bool = True):
+    """Start ``service`` if it is down; restart it if it started from anything but the rendered unit and
+    fabric env (a converge change, or a hand edit that was applied); else leave it alone.
     The model gate runs first so a bad snapshot is reported here, not only in the journal.
 
     + service: the generated service name
-    + fingerprint: hash of what the running service was started from
+    + started_from: the file the unit writes at each start (hash of what it started from)
+    + fingerprint: hash of the rendered unit and fabric env
     + act: False for hosts whose turn is another operation (workers start before heads)
     """
     if not act:
         host.noop("started in the other rank-ordered step")
         return
     running = host.get_fact(SystemdStatus).get(service)
-    stamp = f"{FINGERPRINTS}/{service}.fingerprint"
-    started_from = host.get_fact(Command, command=f"cat {stamp} 2>/dev/null || true")
-    if running and started_from == fingerprint:
-        host.noop(f"{service} running, unchanged")
+    recorded = host.get_fact(Command, command=f"cat {started_from} 2>/dev/null || true")
+    if running and recorded == fingerprint:
+        host.noop(f"{service} running, started from the rendered unit")
         return
     yield StringCommand(GATE)
     yield StringCommand("systemctl", "restart" if running else "start", service)
-    yield StringCommand("echo", fingerprint, ">", stamp)
 
 
-@deploy("Inference service", data_defaults=DEFAULTS)
+@deploy("Inference service")
 def inference_service():
     cfg: NodeConfig = node_config()
     head, nodes = cluster_of(cfg)
     unit_text = render_container(cfg, head, nodes)
+    unit_path = f"{UNIT_DIR}/{cfg.container_name}.container"
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     atomic_put(name="Install the RoCE GID lookup", src=os.path.join(here, "files/inference_service/roce_gid.py"),
               dest=ROCE_HELPER, user="root", group="root", mode="0755", create_remote_dir=True)
     atomic_put(name="Install its start-time wrapper",
               src=StringIO(f"#!/bin/sh\nexec python3 {ROCE_HELPER} \"$@\" --sysfs {cfg.roce_sysfs_root}\n"),
               dest=ROCE_GID, user="root", group="root", mode="0755")
+    atomic_put(name="Install the vLLM command-line check", src=os.path.join(here, "files/inference_service/check_vllm_args.py"),
+              dest=ARGS_CHECK, user="root", group="root", mode="0644", create_remote_dir=True)
     for path in (cfg.jit_cache_dir, cfg.container_tmp_dir):
         if path:
             files.directory(name="Create the persistent JIT cache and tmp directories", path=path,
                             user="root", group="root", mode="0755")
-    files.directory(name="Create the fingerprint directory", path=FINGERPRINTS, user="root", group="root",
-                    mode="0755")
-    unit = atomic_put(name="Install the Quadlet unit", src=StringIO(unit_text),
-                     dest=f"{UNIT_DIR}/{cfg.container_name}.container", user="root", group="root", mode="0644",
-                     create_remote_dir=True)
+    check = args_check_command(cfg, vllm_argv(cfg, head, nodes)) if cfg.vllm_launch == "cli" else None
+    vllm_accepts(name="Check the new command line with the image's own vLLM", unit_path=unit_path,
+                 unit_text=unit_text, check=check)
+    unit = atomic_put(name="Install the Quadlet unit", src=StringIO(unit_text), dest=unit_path,
+                      user="root", group="root", mode="0644", create_remote_dir=True)
     systemd.daemon_reload(name="Run the Quadlet generator (daemon-reload)", _if=unit.did_change)
     service = f"{cfg.container_name}.service"
     fp = fingerprint(unit_text, cfg)
-    service_current(name="Start or update workers (rank > 0) before heads", service=service, fingerprint=fp,
-                    act=cfg.node_rank > 0)
-    service_current(name="Start or update heads and single nodes", service=service, fingerprint=fp,
-                    act=cfg.node_rank == 0)
+    started = started_from_path(cfg)
+    service_current(name="Start or update workers (rank > 0) before heads", service=service, started_from=started,
+                    fingerprint=fp, act=cfg.node_rank > 0)
+    service_current(name="Start or update heads and single nodes", service=service, started_from=started,
+                    fingerprint=fp, act=cfg.node_rank == 0)

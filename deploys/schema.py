@@ -246,6 +246,29 @@ class ImageKeys(_Keys):
         return self
 
 
+# vLLM flags the unit derives from typed keys (`cli` launch); giving one in vllm_args is a validation error.
+DERIVED_VLLM_FLAGS = {
+    "--model": "the snapshot as mounted (model_mount, model_revision)",
+    "--served-model-name": "served_model_name",
+    "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
+    "--nnodes": "the cluster's size", "-n": "the cluster's size",
+    "--node-rank": "node_rank", "-r": "node_rank",
+    "--master-addr": "the head's fabric_address", "--master-port": "vllm_master_port",
+    "--headless": "node_rank > 0",
+    "--host": "api_bind_address", "--port": "api_port",
+}
+
+
+def derived_vllm_flag(arg: str) -> str | None:
+    """The derived flag ``arg`` spells (vLLM's parser also accepts `--x_y` and `--x=v`), else None."""
+    if not arg.startswith("-"):
+        return None
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    return name if name in DERIVED_VLLM_FLAGS else None
+
+
 class ContainerKeys(_Keys):
     """How the container is run (Quadlet `[Container]`)."""
 
@@ -258,7 +281,28 @@ class ContainerKeys(_Keys):
         pattern=r"^[0-9]+[bkmg]?$",
     )
     service_env: EnvMap = _key({}, description="environment of the serving process (deployment A's image builds vLLM args from it)")
-    vllm_args: list[str] = _key([], description="extra vLLM command-line arguments (deployments B and C)")
+    vllm_launch: Literal["cli", "image_env"] = _key(
+        "cli",
+        description="`cli`: the unit renders vLLM's whole command line from typed keys (B, C); `image_env`: the "
+        "image's script (`container_exec`) builds it from `service_env` (A's `serve-ds4-flash.sh`)",
+    )
+    vllm_command: list[str] = _key(
+        ["vllm", "serve"],
+        description="`cli` launch: what `Exec=` puts before the model path; `[]` when the image's entrypoint "
+        "already is `vllm serve`",
+    )
+    vllm_python: str = _key(
+        "python3", description="interpreter in the image that imports vLLM (the argument check before a unit changes)",
+        pattern=r"^[A-Za-z0-9_./-]+$",
+    )
+    served_model_name: str | None = _key(
+        None, description="name clients ask for (`--served-model-name` / `SERVED_MODEL_NAME`); unset = the model path",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+    )
+    vllm_master_port: int = _key(
+        29500, description="multi-node clusters: the head's torch.distributed port (`--master-port`)", ge=1, le=65535
+    )
+    vllm_args: list[str] = _key([], description="extra vLLM flags after the derived ones (`cli` launch only)")
     model_mount: AbsPath = _key("/models", description="where the model directory is mounted read-only in the container")
     jit_cache_dir: AbsPath | None = _key(None, description="host directory for the persistent JIT cache")
     jit_cache_mount: AbsPath = _key("/cache", description="mount point of `jit_cache_dir` in the container")
@@ -275,6 +319,32 @@ class ContainerKeys(_Keys):
     service_timeout_start_sec: int = _key(3600, description="`TimeoutStartSec=`: first start compiles and loads ~160 GB", ge=1)
     service_timeout_stop_sec: int = _key(120, description="`TimeoutStopSec=`", ge=1)
     service_restart_sec: int = _key(30, description="`RestartSec=` after a failure", ge=0)
+
+    @model_validator(mode="after")
+    def _launch_rules(self) -> ContainerKeys:
+        if self.vllm_launch == "image_env":
+            if not self.container_exec:
+                raise _KeyError("container_exec", None, "the image's serving script, since vllm_launch is image_env")
+            if self.vllm_args:
+                raise _KeyError("vllm_args", self.vllm_args,
+                                "no flags with vllm_launch image_env (the image's script builds vLLM's arguments "
+                                "from service_env)")
+            derived = {"SERVED_MODEL_NAME": self.served_model_name, "PORT": str(self.api_port)}
+            for name, want in derived.items():
+                have = self.service_env.get(name)
+                if have is not None and want is not None and have != want:
+                    key = "served_model_name" if name == "SERVED_MODEL_NAME" else "api_port"
+                    raise _KeyError("service_env", f"{name}={have}", f"{name} equal to {key} ({want})")
+        else:
+            if self.container_exec:
+                raise _KeyError("container_exec", self.container_exec,
+                                "unset with vllm_launch cli (the command is vllm_command + derived flags + vllm_args)")
+            for arg in self.vllm_args:
+                flag = derived_vllm_flag(arg)
+                if flag:
+                    raise _KeyError("vllm_args", arg,
+                                    f"no {flag}: the toolkit derives it ({DERIVED_VLLM_FLAGS[flag]})")
+        return self
 
     @model_validator(mode="after")
     def _container_rules(self) -> ContainerKeys:
@@ -675,8 +745,10 @@ def cluster_problems(configs: dict[str, NodeConfig]) -> list[Problem]:
             if len(names) > 1:
                 for name in names:
                     problems.append(Problem(name, "fabric_address", addr, f"an address unique in cluster {cluster}"))
-        for key in ("model_repo", "model_revision", "model_manifest", "image", "image_digest", "tensor_parallel_size"):
-            values = {getattr(cfg, key) for _, cfg in members}
+        for key in ("model_repo", "model_revision", "model_manifest", "image", "image_digest", "tensor_parallel_size",
+                    "vllm_launch", "vllm_command", "vllm_args", "served_model_name", "vllm_master_port",
+                    "container_exec", "service_env", "model_mount", "model_layout", "gpu_indices"):
+            values = {repr(getattr(cfg, key)) for _, cfg in members}
             if len(values) > 1:
                 for name, cfg in members:
                     problems.append(Problem(name, key, getattr(cfg, key), f"the same value on every node of cluster {cluster}"))

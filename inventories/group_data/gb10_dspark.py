@@ -19,6 +19,14 @@ model_layout = "plain"
 image = "ghcr.io/anemll/dspark-vllm-gx10:0.1.1"
 image_digest = "sha256:a83948492cf13df455170fb42885f5ef4db54fefe0feff0f841ecbff464ac9d8"
 
+# The unit renders vLLM's whole command line (deploys/inference_service.py vllm_argv): the snapshot path,
+# --served-model-name, --tensor-parallel-size, --nnodes/--node-rank/--master-addr/--master-port, --headless
+# on the worker, --host/--port on the head only. The name is the one seed 004's verify commands ask for.
+served_model_name = "deepseek-v4-flash-0731"
+# Toolkit's assumption: the image has no `vllm serve` ENTRYPOINT, so Exec= starts with it (vllm_command's
+# default). Check with `podman image inspect --format '{{.Config.Entrypoint}}'`; set vllm_command = [] if it has.
+jit_cache_dir = "/var/cache/inference-nodes/jit/gb10-dspark"  # VLLM_CACHE_ROOT=/cache/vllm: compile cache kept
+
 service_env = {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
 # Flags as the write-up spells them. DSpark draft tokens (5) and the flashinfer_b12x MoE backend are
 # part of the profile too; their flag spelling is the service issue's to confirm against the image.

@@ -22,6 +22,11 @@ allow_unpinned_image = True
 
 # No VLLM_USE_V2_MODEL_RUNNER (fails with the reasoning budget) and no --enable-expert-parallel
 # (the B12X MoE backend refuses EP). MTP speculative decoding is the image's DeepSeek MTP path.
+# Served under the same name as deployment B (same checkpoint): the toolkit's documented choice, so clients
+# and the serving gate need no per-deployment name. The same entrypoint assumption as B (vllm_command).
+served_model_name = "deepseek-v4-flash-0731"
+jit_cache_dir = "/var/cache/inference-nodes/jit/gb10-mtp"  # VLLM_CACHE_ROOT=/cache/vllm: compile cache kept
+
 service_env = {"VLLM_TRITON_MLA_SPARSE": "1"}
 vllm_args = [
     "--max-num-seqs", "8",

@@ -20,7 +20,10 @@ image_digest = "sha256:64b94299abdd3bcf5bb5050ca91b378f9ee4e0b0eff4748375b953523
 image_upstream = "voipmonitor/vllm:gilded-gnosis-v20-vllmf5981f1-si2b9bf2a-fi801d57a-cu132-20260803-r24"
 
 container_name = "grandpa"
+# The image's own script builds vLLM's arguments from service_env (seed 000): its environment contract.
+vllm_launch = "image_env"
 container_exec = "/usr/local/bin/serve-ds4-flash.sh"
+served_model_name = "grandpa"
 container_privileged = True  # not least privilege: kept because the write-up's service started with it
 container_ipc_host = True  # so no container_shm_size: Podman refuses both
 model_mount = "/models"

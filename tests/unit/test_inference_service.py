@@ -2,6 +2,7 @@
 comparison with deployment A's write-up unit, multi-node env, and the RoCE GID lookup."""
 
 import os
+import shlex
 
 import pytest
 
@@ -69,24 +70,60 @@ def test_golden_deployment_a():
         assert service[key] == value, key
     pre = [v for k, v in c["Service"] if k == "ExecStartPre"]
     assert pre[0] == "/usr/local/bin/inference-nodes-model-gate"  # deliberate: the verify gate first
-    assert pre[-1] == "/usr/bin/mkdir -p /mnt/data/hf/jit/ds4-v20-r24 /mnt/data/hf/tmp/ds4-v20-r24"
+    assert pre[1] == "/usr/bin/mkdir -p /mnt/data/hf/jit/ds4-v20-r24 /mnt/data/hf/tmp/ds4-v20-r24"
+    assert pre[-1].startswith('/bin/sh -c "mkdir -p /run/inference-nodes && cat /etc/containers/systemd/grandpa.container')
+    assert values("Exec") == ["/usr/local/bin/serve-ds4-flash.sh"]  # the image's script builds vLLM's arguments
     assert dict(c["Unit"])["Wants"] == "network-online.target"
 
 
-def test_two_node_units_worker_and_head():
+def test_two_node_units_carry_the_whole_launch_contract():
     head = dict(unit_sections(UNITS["gb10-b0.lab.example"]))
     worker = dict(unit_sections(UNITS["gb10-b1.lab.example"]))
     env = lambda u: dict(v.split("=", 1) for k, v in u["Container"] if k == "Environment")  # noqa: E731
-    assert env(head)["NODE_RANK"] == "0" and "HEADLESS" not in env(head)
-    assert env(worker)["NODE_RANK"] == "1" and env(worker)["HEADLESS"] == "1"
-    assert env(head)["MASTER_ADDR"] == env(worker)["MASTER_ADDR"] == "198.51.100.20"
-    assert env(worker)["VLLM_HOST_IP"] == "198.51.100.21"
+    argv = lambda u: shlex.split(dict(u["Container"])["Exec"])  # noqa: E731
+    common = ["vllm", "serve", "/models", "--served-model-name", "deepseek-v4-flash-0731", "--tensor-parallel-size", "2",
+              "--nnodes", "2"]
+    assert argv(head)[:len(common)] == common and argv(worker)[:len(common)] == common
+    assert argv(head)[len(common):len(common) + 10] == ["--node-rank", "0", "--master-addr", "198.51.100.20",
+                                                        "--master-port", "29500", "--host", "127.0.0.1", "--port", "8000"]
+    assert argv(worker)[len(common):len(common) + 7] == ["--node-rank", "1", "--master-addr", "198.51.100.20",
+                                                         "--master-port", "29500", "--headless"]
+    assert "--host" not in argv(worker) and "--port" not in argv(worker), "workers serve no API"
+    assert "--headless" not in argv(head)
+    assert argv(head)[-14:-12] == ["--kv-cache-dtype", "nvfp4_ds_mla"]  # the profile's flags follow the derived ones
+    for unit in (head, worker):  # vLLM reads none of these; its own flags carry rank and head
+        assert not {"NODE_RANK", "NNODES", "MASTER_ADDR", "HEADLESS", "MODEL_PATH"} & set(env(unit))
+    assert env(worker)["VLLM_HOST_IP"] == "198.51.100.21" and env(head)["VLLM_HOST_IP"] == "198.51.100.20"
+    assert env(head)["VLLM_CACHE_ROOT"] == "/cache/vllm"
     assert "NCCL_IB_GID_INDEX" not in env(worker), "read from sysfs at start, never copied"
     assert ("ExecStartPre", "/usr/local/bin/inference-nodes-roce-gid /run/inference-nodes/roce.env 198.51.100.21") \
         in worker["Service"]
-    exec_ = dict(head["Container"])["Exec"]
-    assert "--host 127.0.0.1 --port 8000" in exec_ and "--kv-cache-dtype nvfp4_ds_mla" in exec_
     assert ("EnvironmentFile", "/etc/inference-nodes/fabric.env") in head["Container"]
+    health = dict(worker["Container"])
+    assert "198.51.100.20" in health["HealthCmd"] and "29500" in health["HealthCmd"]
+    assert health["HealthOnFailure"] == "kill" and "HealthCmd" not in dict(head["Container"])
+
+
+def test_deployment_c_renders_its_served_name_and_rank_flags():
+    c0 = shlex.split(dict(dict(unit_sections(UNITS["spark-c0.lab.example"]))["Container"])["Exec"])
+    assert c0[:8] == ["vllm", "serve", "/models", "--served-model-name", "deepseek-v4-flash-0731",
+                      "--tensor-parallel-size", "2", "--nnodes"]
+    assert "--master-addr" in c0 and c0[c0.index("--master-addr") + 1] == "198.51.100.30"
+
+
+def test_hostile_values_stay_one_argument_and_one_variable():
+    from deploys.unit_text import UnitValueError, command_line, environment_line, unit_word
+
+    assert unit_word("plain-1.0") == "plain-1.0"
+    assert unit_word('a "b" c') == '"a \\"b\\" c"'
+    assert unit_word("50%") == '"50%%"' and unit_word("$HOME") == '"$$HOME"'
+    assert unit_word("C:\\x") == '"C:\\\\x"'
+    assert environment_line("MODE", 'x" "LD_PRELOAD=/tmp/evil.so') == \
+        'Environment="MODE=x\\" \\"LD_PRELOAD=/tmp/evil.so"\n'
+    assert command_line(["--x", "a b"]) == '--x "a b"'
+    for bad in ("a\nExecStartPre=/bin/evil", "tab\there", "nul\0"):
+        with pytest.raises(UnitValueError):
+            unit_word(bad)
 
 
 def _gid_tree(root, dev, entries):

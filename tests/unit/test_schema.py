@@ -174,3 +174,39 @@ def test_single_node_tp_must_match_its_gpus():
 def test_valid_pair_passes():
     configs = validate_hosts(pair_b(HEAD, WORKER))
     assert [configs[n].node_rank for n in ("node-b0", "node-b1")] == [0, 1]
+
+
+LAUNCH_REFUSED = [
+    (["--port", "9000"], "--port"),
+    (["--tensor-parallel-size=4"], "--tensor-parallel-size"),
+    (["-tp", "2"], "-tp"),
+    (["--served_model_name", "x"], "--served-model-name"),
+    (["--headless"], "--headless"),
+    (["--master-addr", "10.0.0.1"], "--master-addr"),
+]
+
+
+@pytest.mark.parametrize("args,flag", LAUNCH_REFUSED, ids=[a[0] for a, _ in LAUNCH_REFUSED])
+def test_derived_vllm_flags_are_refused_in_vllm_args(args, flag):
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(pair_b({**HEAD, "vllm_args": args}, {**WORKER, "vllm_args": args}))
+    msg = str(err.value)
+    assert "host node-b0" in msg and "key 'vllm_args'" in msg and f"no {flag}: the toolkit derives it" in msg
+
+
+def test_cluster_nodes_may_differ_only_in_derived_values():
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(pair_b({**HEAD, "vllm_args": ["--max-num-seqs", "2"]}, {**WORKER, "vllm_args": ["--max-num-seqs", "4"]}))
+    assert "key 'vllm_args'" in str(err.value) and "the same value on every node of cluster gb10-dspark" in str(err.value)
+
+
+def test_image_env_launch_keeps_its_contract():
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(vllm_args=["--max-num-seqs", "2"]))
+    assert "key 'vllm_args'" in str(err.value) and "image_env" in str(err.value)
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(api_port=8101))
+    assert "PORT equal to api_port (8101)" in str(err.value)
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(served_model_name="other"))
+    assert "SERVED_MODEL_NAME equal to served_model_name (other)" in str(err.value)

@@ -1,0 +1,83 @@
+"""See what a deploy would install, without connecting: every file the components write, per host.
+
+    python -m deploys.render INVENTORY OUTDIR [--limit NAME] [--distro ubuntu2404]
+
+writes `OUTDIR/<host>/<absolute path on the node>` for the units, env files, limits, apt pins and
+sources, registries, the model gate and the fabric env, from the same renderers the deploys use.
+Secrets (registry credentials, hub token) are never rendered: only a note that the deploy copies them.
+The CUDA repo path needs the node's distribution, which is read on the node: `--distro` (default
+`ubuntu2404`) stands in for it here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from deploys import container_runtime, host_tuning, inference_service, model_snapshot, nvidia_driver
+from deploys.inventory import inventory_configs, load_inventory
+from deploys.schema import NodeConfig, cluster_head, clusters
+
+DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, distro: str = "ubuntu2404") -> dict[str, str]:
+    """Node path -> content of every file the deploy writes from templates for this host."""
+    out = {
+        nvidia_driver.PIN_FILE: nvidia_driver.render_apt_pin(cfg.nvidia_driver_branch),
+        nvidia_driver.UNATTENDED_FILE: nvidia_driver.render_unattended_blacklist(cfg),
+        container_runtime.TOOLKIT_SOURCE: container_runtime.render_toolkit_source(cfg, DEB_ARCH[cfg.node_arch]),
+        container_runtime.REFRESH_ENV: container_runtime.render_refresh_env(cfg),
+        container_runtime.REGISTRIES_FILE: container_runtime.render_registries(cfg),
+        host_tuning.LIMITS_FILE: host_tuning.render_limits(cfg),
+        host_tuning.SYSTEMD_DEFAULTS_FILE: host_tuning.render_systemd_defaults(cfg),
+        cfg.fabric_env_file: host_tuning.render_fabric_env(cfg),
+        model_snapshot.GATE: model_snapshot.render_gate(cfg.snapshot_dir),
+        f"{inference_service.UNIT_DIR}/{cfg.container_name}.container":
+            inference_service.render_container(cfg, head, nodes),
+    }
+    if cfg.nvidia_driver_source == "cuda_repo":
+        path = nvidia_driver.cuda_repo_path({"id": distro, "version_id": ""}, cfg.node_arch)
+        out[nvidia_driver.SOURCE_FILE] = nvidia_driver.render_cuda_source(cfg, path)
+    if cfg.registry_auth_file:
+        out[container_runtime.AUTH_FILE] = "# not rendered: the deploy copies registry_auth_file here (0600)\n"
+    if cfg.model_hub_token_file:
+        out[model_snapshot.HUB_TOKEN] = "# not rendered: the deploy copies model_hub_token_file here (0600)\n"
+    return out
+
+
+def render_inventory(inventory_file: str, out_dir: str, limit: str | None = None,
+                     distro: str = "ubuntu2404") -> list[str]:
+    configs = inventory_configs(load_inventory(inventory_file))  # validates every host first
+    by_cluster = clusters(configs)
+    if limit and limit not in configs and limit not in by_cluster:
+        raise SystemExit(f"--limit {limit}: no such host or cluster in {inventory_file}")
+    written = []
+    for name, cfg in configs.items():
+        if limit and limit not in (name, cfg.cluster_name):
+            continue
+        members = by_cluster[cfg.cluster_name]
+        for path, text in host_files(cfg, cluster_head(members), len(members), distro).items():
+            dest = os.path.join(out_dir, name, path.lstrip("/"))
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "w") as f:
+                f.write(text)
+            written.append(dest)
+    return written
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploys.render", description=__doc__.split("\n\n")[0])
+    parser.add_argument("inventory")
+    parser.add_argument("out_dir")
+    parser.add_argument("--limit", help="one host or cluster_name")
+    parser.add_argument("--distro", default="ubuntu2404", help="the nodes' distribution for NVIDIA's repo path")
+    args = parser.parse_args(argv)
+    for path in render_inventory(args.inventory, args.out_dir, args.limit, args.distro):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

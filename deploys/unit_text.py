@@ -1,0 +1,43 @@
+"""The one writer for values that reach systemd / Quadlet unit files (`Exec=`, `Environment=`, ...).
+
+systemd (and Quadlet, which splits `Exec=` and `Environment=` the same way before writing `ExecStart=`)
+splits on whitespace, honours double quotes and C escapes, expands `%` specifiers and `$VAR` in
+`ExecStart=`. Every argument goes through :func:`unit_word`: quoted, `\\`, `"` escaped, `%` and `$`
+doubled. Control characters cannot be escaped safely in every consumer and are refused.
+"""
+
+from __future__ import annotations
+
+import re
+
+_PLAIN = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+
+
+class UnitValueError(ValueError):
+    """A value that cannot be written into a unit file."""
+
+
+def refuse_control(value: str) -> str:
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise UnitValueError(f"{value!r} contains a control character (newline, tab, ...)")
+    return value
+
+
+def unit_word(value: str) -> str:
+    """One word of a systemd command line or assignment list, exactly as systemd will read it back."""
+    refuse_control(value)
+    value = value.replace("%", "%%").replace("$", "$$")
+    if value and _PLAIN.fullmatch(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def command_line(argv: list[str]) -> str:
+    return " ".join(unit_word(a) for a in argv)
+
+
+def environment_line(name: str, value: str) -> str:
+    """`Environment=` with one assignment, however the value looks."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise UnitValueError(f"{name!r} is not an environment variable name")
+    return f"Environment={unit_word(f'{name}={value}')}\n"

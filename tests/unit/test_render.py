@@ -1,0 +1,38 @@
+"""`python -m deploys.render`: every file the deploy installs, per host, without connecting or secrets."""
+
+import os
+import shlex
+import subprocess
+import sys
+
+from deploys.inference_service import unit_sections
+
+
+def test_whole_lab_inventory_renders(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "deploys.render", "inventories/lab.py", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    hosts = sorted(os.listdir(tmp_path))
+    assert hosts == ["gb10-b0.lab.example", "gb10-b1.lab.example", "rtx-pro-a.lab.example",
+                     "spark-c0.lab.example", "spark-c1.lab.example"]
+    for host in hosts:
+        for rel in ("etc/apt/preferences.d/90-inference-nodes-nvidia-driver",
+                    "etc/security/limits.d/90-inference-nodes.conf", "etc/inference-nodes/fabric.env",
+                    "usr/local/bin/inference-nodes-model-gate",
+                    "etc/containers/registries.conf.d/90-inference-nodes.conf"):
+            assert os.path.isfile(tmp_path / host / rel), (host, rel)
+    unit = (tmp_path / "gb10-b1.lab.example/etc/containers/systemd/inference.container").read_text()
+    argv = shlex.split(dict(dict(unit_sections(unit))["Container"])["Exec"])
+    for flag in ("--tensor-parallel-size", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"):
+        assert flag in argv, flag
+    arm = (tmp_path / "gb10-b0.lab.example/etc/apt/sources.list.d/inference-nodes-nvidia-cuda.sources").read_text()
+    assert "/ubuntu2404/sbsa/" in arm  # arm64 takes NVIDIA's sbsa path
+
+
+def test_limit_renders_one_host_and_refuses_an_unknown_one(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "deploys.render", "inventories/lab.py", str(tmp_path),
+                           "--limit", "spark-c0.lab.example"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and os.listdir(tmp_path) == ["spark-c0.lab.example"]
+    bad = subprocess.run([sys.executable, "-m", "deploys.render", "inventories/lab.py", str(tmp_path),
+                          "--limit", "nope"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "nope" in bad.stderr
