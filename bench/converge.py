@@ -28,14 +28,16 @@ COMMIT_A = "7872f01b1d1fe23eabc4c98b48bffcef5a386062"
 
 INVENTORY = '''
 import os
+import runpy
 _DIR = {sandbox_dir!r}
+_A_ENV = runpy.run_path({sandbox_inventory!r})["_A_ENV"]  # A's env contract fitted to the sandbox's CPU vLLM
 _M = f"{{_DIR}}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{commit}.json"
 
 def _node(i):
     return (f"bench-{{i}}", {{"ssh_hostname": "127.0.0.1", "ssh_port": 2300 + i, "ssh_user": "root",
         "ssh_key": f"{{_DIR}}/ssh/id_ed25519", "ssh_strict_host_key_checking": "off",
         "ssh_known_hosts_file": "/dev/null", "_sudo": False, "cluster_name": f"bench-{{i}}",
-        "api_port": 8200 + i, "model_peer_port": 8740 + i, **({{"model_manifest": _M}} if os.path.exists(_M) else {{}})}})
+        "api_port": 8200 + i, "model_peer_port": 8740 + i, "service_env": _A_ENV, **({{"model_manifest": _M}} if os.path.exists(_M) else {{}})}})
 
 rtx_pro_6000_pair = [_node(i) for i in range({n})]
 '''
@@ -61,7 +63,8 @@ def bench(n: int, tmp: str) -> dict:
     os.makedirs(os.path.join(tmp, f"bench{n}"), exist_ok=True)
     inventory = os.path.join(tmp, f"bench{n}", "sandbox.py")
     with open(inventory, "w") as f:
-        f.write(INVENTORY.format(sandbox_dir=SANDBOX_DIR, commit=COMMIT_A, n=n))
+        f.write(INVENTORY.format(sandbox_dir=SANDBOX_DIR, commit=COMMIT_A, n=n,
+                                 sandbox_inventory=os.path.join(ROOT, "inventories/sandbox.py")))
     run([NODE_SH, "down-all"])
     for i in range(n):
         up = run([NODE_SH, "up", f"bench-{i}", str(2300 + i), "2"])

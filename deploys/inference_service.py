@@ -231,7 +231,9 @@ def fingerprint(unit_text: str, cfg: NodeConfig) -> str:
 
 def args_check_command(cfg: NodeConfig, argv: list[str]) -> str:
     """Shell command that parses ``argv`` with the vLLM inside the pinned image (nothing starts)."""
-    run = ["podman", "run", "--rm", "--pull=never", "--network=none", f"--entrypoint={cfg.vllm_python}",
+    # host network, as the service: the check opens no socket, and a network namespace of its own needs
+    # privileges some hosts do not give (a nested container cannot bring its loopback up)
+    run = ["podman", "run", "--rm", "--pull=never", "--network=host", f"--entrypoint={cfg.vllm_python}",
            "-v", f"{ARGS_CHECK}:/run/inference-nodes-check_vllm_args.py:ro", cfg.image_ref,
            "/run/inference-nodes-check_vllm_args.py", *argv]
     refused = f"the vLLM in {cfg.image_ref} refused the new command line; the unit was not changed"

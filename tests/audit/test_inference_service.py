@@ -3,15 +3,29 @@ gated on the verified model, with its persistent JIT directories, and the API li
 inventory says and nowhere else."""
 
 import ipaddress
+import json
 
 import pytest
 
-from deploys.inference_service import UNIT_DIR, render_cluster
+from deploys.inference_service import (
+    UNIT_DIR,
+    container_argv,
+    fingerprint,
+    render_cluster,
+    service_environment,
+    started_from_path,
+)
 from deploys.inventory import inventory_configs, load_inventory
+from deploys.schema import cluster_head, clusters
 
 
 def _expected_unit(node, inventory_file) -> str:
     return render_cluster(inventory_configs(load_inventory(inventory_file)))[node.name]
+
+
+def _cluster(node, pytestconfig):
+    members = clusters(inventory_configs(load_inventory(pytestconfig.getoption("inventory"))))[node.cfg.cluster_name]
+    return cluster_head(members), len(members)
 
 
 def test_unit_installed_as_rendered(node, pytestconfig):
@@ -37,11 +51,30 @@ def test_jit_directories_persist(node):
             assert d.is_directory and d.user == "root"
 
 
-def test_api_listens_where_the_inventory_says_and_nowhere_else(node):
+def test_api_listens_where_the_inventory_says_and_nowhere_else(node, pytestconfig):
     port = node.cfg.api_port
     listening = node.host.check_output(f"ss -Hltn 'sport = :{port}'").split()
     local = [w for w in listening if w.endswith(f":{port}")]
-    assert local == [f"{node.cfg.api_bind_address}:{port}"], local
+    _, nodes = _cluster(node, pytestconfig)
+    if nodes > 1 and node.cfg.node_rank > 0:
+        assert local == [], f"a worker (--headless) serves no API, but {local} listen"
+    else:
+        assert local == [f"{node.cfg.api_bind_address}:{port}"], local
+
+
+def test_running_container_is_the_rendered_one(node, pytestconfig):
+    """What runs, not only what is on disk: a unit edited by hand and applied differs here until a converge."""
+    head, nodes = _cluster(node, pytestconfig)
+    unit = _expected_unit(node, pytestconfig.getoption("inventory"))
+    started = node.host.run(f"cat {started_from_path(node.cfg)}").stdout.strip()
+    assert started == fingerprint(unit, node.cfg), "the service was started from another unit or fabric env"
+    inspect = node.host.run(f"podman container inspect --format json {node.cfg.container_name}")
+    assert inspect.rc == 0, inspect.stderr
+    config = json.loads(inspect.stdout)[0]["Config"]
+    assert (config.get("Cmd") or []) == container_argv(node.cfg, head, nodes)
+    env = dict(item.split("=", 1) for item in config.get("Env") or [])
+    expected = service_environment(node.cfg, head, nodes)
+    assert {k: env.get(k) for k in expected} == expected
 
 
 def test_limits_in_effect_for_the_service(node):

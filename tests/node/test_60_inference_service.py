@@ -1,58 +1,136 @@
-"""The service on sandbox nodes: running and answering on loopback, untouched by a no-op converge (same
-PID), restarted once by an env change, kept down by a corrupted shard, workers started before heads,
-each fabric node with its own GID index from its sysfs, and back after a reboot with the gate in force."""
+"""The service on sandbox nodes, with the real vLLM (CPU build) in the container: sandbox-a serves deployment
+A's env contract with TP=2 on one node; sandbox-b0 and sandbox-b1 form one TP=2 job across the two nodes
+(worker first, then head). Answering on loopback only, untouched by a no-op converge (same PID), checked by
+the image's own vLLM before a unit changes, restored after a hand edit, gated on the verified model, the
+serving gate against the real server (and against the scrambled known-answer model), the compile cache
+reused, a worker that does not outlive its head, and back after a reboot."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 import urllib.request
 from datetime import datetime
 
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra
+from tests.sandbox.standin_hub import BROKEN_COMMIT
 
-PORTS = {"sandbox-a": 8101, "sandbox-b0": 8102, "sandbox-b1": 8103}
+PORTS = {"sandbox-a": 8101, "sandbox-b0": 8102}
 UNITS = {"sandbox-a": "grandpa.service", "sandbox-b0": "inference.service", "sandbox-b1": "inference.service"}
+CONTAINERS = {"sandbox-a": "grandpa", "sandbox-b0": "inference", "sandbox-b1": "inference"}
+HEADS = ("sandbox-a", "sandbox-b0")
+READY_S = 900  # a real vLLM loads and compiles first; three start at once on this 2-core machine
+GATE = [sys.executable, "-m", "pytest", "-q", "-rf", "tests/audit", "--inventory", INVENTORY, "-m", "serving"]
+SANDBOX_DIR = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
 
 
 def main_pid(node: str) -> str:
     return on_node(node, f"systemctl show -p MainPID --value {UNITS[node]}").stdout.strip()
 
 
+def container_id(node: str) -> str:
+    return on_node(node, f"podman container inspect --format '{{{{.Id}}}}' {CONTAINERS[node]} 2>/dev/null").stdout.strip()
+
+
+def wait_ready(node: str, timeout: float = READY_S) -> float:
+    """Seconds until the head's /health answers 200."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{PORTS[node]}/health", timeout=5) as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+        except OSError:
+            pass
+        time.sleep(2)
+    journal = on_node(node, f"journalctl -u {UNITS[node]} --no-pager -n 60").stdout
+    raise AssertionError(f"{node} not ready after {timeout} s:\n{journal}")
+
+
 def models(node: str) -> list[str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{PORTS[node]}/v1/models", timeout=5) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORTS[node]}/v1/models", timeout=10) as r:
         return [m["id"] for m in json.load(r)["data"]]
 
 
-def test_services_answer_on_loopback_only(sandbox):
-    for node in sandbox:
-        assert on_node(node, f"systemctl is-active {UNITS[node]}").stdout.strip() == "active"
+def gate(*limit: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*GATE, *limit], capture_output=True, text=True, timeout=READY_S + 600)
+
+
+def test_real_vllm_answers_on_loopback_only(sandbox):
+    for node in HEADS:
+        wait_ready(node)
         listen = on_node(node, f"ss -Hltn 'sport = :{PORTS[node]}'").stdout.split()
         assert f"127.0.0.1:{PORTS[node]}" in listen and f"0.0.0.0:{PORTS[node]}" not in listen
     assert models("sandbox-a") == ["grandpa"]
+    assert models("sandbox-b0") == ["deepseek-v4-flash-0731"]
+    assert on_node("sandbox-b1", "ss -Hltn 'sport = :8103'").stdout.strip() == "", "the worker serves no API"
+    version = on_node("sandbox-b0", "podman exec inference vllm --version 2>/dev/null").stdout
+    assert "0.21.0" in version, version
 
 
-def test_each_fabric_node_reads_its_own_gid_index(sandbox):
-    indices = {n: on_node(n, "cat /run/inference-nodes/roce.env").stdout for n in ("sandbox-b0", "sandbox-b1")}
-    assert "NCCL_IB_GID_INDEX=4" in indices["sandbox-b0"] and "NCCL_IB_GID_INDEX=5" in indices["sandbox-b1"]
+def test_two_nodes_form_one_tensor_parallel_job_and_a_serves_tp2(sandbox):
+    head = on_node("sandbox-b0", f"journalctl -u {UNITS['sandbox-b0']} --no-pager").stdout
+    worker = on_node("sandbox-b1", f"journalctl -u {UNITS['sandbox-b1']} --no-pager").stdout
+    assert "world_size=2" in head, head[-3000:]
+    assert "world_size=2" in worker and "rank=1" in worker, worker[-3000:]
+    a = on_node("sandbox-a", f"journalctl -u {UNITS['sandbox-a']} --no-pager").stdout
+    assert "'tensor_parallel_size': 2" in a and "world_size=2" in a, a[-3000:]  # the script's env -> vLLM args
 
 
-def test_noop_converge_keeps_the_same_process_and_an_env_change_restarts_once(sandbox):
-    before = {n: main_pid(n) for n in sandbox}
+def test_serving_gate_passes_on_both_heads(sandbox):
+    good = gate()
+    assert good.returncode == 0 and "2 passed" in good.stdout, good.stdout[-3000:]
+
+
+def test_noop_converge_keeps_the_same_processes(sandbox):
+    before = {n: (main_pid(n), container_id(n)) for n in sandbox}
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
-    assert {n: main_pid(n) for n in sandbox} == before
-    env = ["--limit", "sandbox-b0", "--data", 'service_env={"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}']
-    changed = dict(changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", *env)))
-    assert changed["Inference service | Start or update heads and single nodes"] == ["sandbox-b0"]
-    restarted = main_pid("sandbox-b0")
-    assert restarted != before["sandbox-b0"]
-    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", *env)) == []
-    assert main_pid("sandbox-b0") == restarted
-    pyinfra(INVENTORY, "deploys/all.py", "--limit", "sandbox-b0")  # back to the inventory's env
+    assert {n: (main_pid(n), container_id(n)) for n in sandbox} == before
 
 
-def test_workers_start_before_heads(sandbox):
+def test_a_flag_the_images_vllm_refuses_fails_the_host_and_keeps_the_service(sandbox):
+    node = "sandbox-b0"
+    unit = on_node(node, "cat /etc/containers/systemd/inference.container").stdout
+    before = (main_pid(node), container_id(node))
+    for bad, message in ((["--max-num-seqs", "two"], "argument --max-num-seqs: invalid int value: 'two'"),
+                         (["--no-such-flag"], "unrecognized arguments: --no-such-flag")):
+        proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", node, "--data", f"vllm_args={json.dumps(bad)}",
+                       check=False)
+        assert proc.returncode == 1
+        assert message in proc.stderr, proc.stderr[-3000:]
+        assert "refused the new command line; the unit was not changed" in proc.stderr
+        assert on_node(node, "cat /etc/containers/systemd/inference.container").stdout == unit
+        assert (main_pid(node), container_id(node)) == before
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
+
+
+def test_a_hand_edited_unit_is_restored_and_the_service_restarted(sandbox):
+    node = "sandbox-a"
+    unit = "/etc/containers/systemd/grandpa.container"
+    edit = f"sed -i 's/^Environment=MAX_NUM_SEQS=2$/Environment=MAX_NUM_SEQS=1/' {unit}"
+    assert on_node(node, f"{edit} && grep -q MAX_NUM_SEQS=1 {unit} && systemctl daemon-reload && "
+                         f"systemctl restart {UNITS[node]}").returncode == 0
+    edited = container_id(node)
+    audit = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "tests/audit", "--inventory", INVENTORY,
+                            "--limit", node, "-k", "running_container or unit_installed"],
+                           capture_output=True, text=True, timeout=300)
+    assert audit.returncode == 1, audit.stdout[-3000:]
+    assert "test_running_container_is_the_rendered_one[sandbox-a]" in audit.stdout
+    changed = dict(changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)))
+    assert changed["Inference service | Install the Quadlet unit"] == [node]
+    assert changed["Inference service | Start or update heads and single nodes"] == [node]
+    assert container_id(node) != edited
+    env = on_node(node, "podman exec grandpa printenv MAX_NUM_SEQS").stdout.strip()
+    assert env == "2"
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
+
+
+def test_workers_start_before_heads_and_the_compile_cache_is_reused(sandbox):
+    cache = "/var/cache/inference-nodes/jit/gb10-dspark/vllm"
+    assert on_node("sandbox-b0", f"find {cache} -type f | head -1").stdout.strip(), "no compile cache written"
     for node in ("sandbox-b0", "sandbox-b1"):
         assert on_node(node, f"systemctl stop {UNITS[node]}").returncode == 0
     pyinfra(INVENTORY, "deploys/all.py")
@@ -61,12 +139,30 @@ def test_workers_start_before_heads(sandbox):
         out = on_node(n, f"systemctl show --timestamp=us+utc -p ExecMainStartTimestamp --value {UNITS[n]}").stdout
         started[n] = datetime.strptime(out.strip(), "%a %Y-%m-%d %H:%M:%S.%f %Z")
     assert started["sandbox-b1"] < started["sandbox-b0"], started
+    wait_ready("sandbox-b0")
+    log = on_node("sandbox-b0", f"journalctl -u {UNITS['sandbox-b0']} --no-pager --since '{started['sandbox-b0']}'"
+                  ).stdout
+    assert "from the cache" in log, log[-3000:]  # vLLM: "Directly load the compiled graph(s) ... from the cache"
+
+
+def test_a_worker_does_not_outlive_its_head(sandbox):
+    worker = container_id("sandbox-b1")
+    assert worker
+    assert on_node("sandbox-b0", f"systemctl stop {UNITS['sandbox-b0']}").returncode == 0
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and container_id("sandbox-b1") == worker:
+        time.sleep(3)
+    assert container_id("sandbox-b1") != worker, "the worker kept running without its head"
+    pyinfra(INVENTORY, "deploys/all.py")  # the head back; the worker was restarted by its unit
+    wait_ready("sandbox-b0")
+    assert gate("--limit", "sandbox-b0").returncode == 0
 
 
 def test_corrupted_shard_keeps_the_service_down_until_repaired(sandbox):
-    node = "sandbox-b1"
-    on_node(node, "printf 'XXXX' | dd of=/srv/models/DeepSeek-V4-Flash-0731/model-00001-of-00004.safetensors "
-                  "bs=1 seek=64 conv=notrunc 2>/dev/null")
+    node = "sandbox-a"  # a single-node profile: a pair would lose its worker as well
+    shard = ("/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731/snapshots/"
+             "7872f01b1d1fe23eabc4c98b48bffcef5a386062/model-00001-of-00004.safetensors")
+    on_node(node, f"printf 'XXXX' | dd of={shard} bs=1 seek=64 conv=notrunc 2>/dev/null")
     assert on_node(node, f"systemctl restart {UNITS[node]}").returncode != 0
     assert on_node(node, f"systemctl is-active {UNITS[node]}").stdout.strip() != "active"
     journal = on_node(node, f"journalctl -u {UNITS[node]} --no-pager -n 30").stdout
@@ -76,25 +172,27 @@ def test_corrupted_shard_keeps_the_service_down_until_repaired(sandbox):
     assert on_node(node, f"systemctl is-active {UNITS[node]}").stdout.strip() == "active"
 
 
-def test_serving_gate_passes_heads_and_fails_a_garbage_server(sandbox):
-    gate = [sys.executable, "-m", "pytest", "-q", "-rf", "tests/audit", "--inventory", INVENTORY, "-m", "serving"]
-    good = subprocess.run(gate, capture_output=True, text=True, timeout=300)
-    assert good.returncode == 0 and "2 passed" in good.stdout, good.stdout[-3000:]
-    garbage = ["--limit", "sandbox-b0", "--data", 'service_env={"STANDIN_MODE": "garbage"}']
-    pyinfra(INVENTORY, "deploys/all.py", *garbage)  # HTTP 200 with nonsense from now on
-    bad = subprocess.run([*gate, "--limit", "sandbox-b0"], capture_output=True, text=True, timeout=300)
+def test_scrambled_model_answers_http_200_and_the_gate_names_the_nonsense(sandbox):
+    node = "sandbox-a"
+    manifest = f"{SANDBOX_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{BROKEN_COMMIT}.json"
+    broken = ["--limit", node, "--data", f"model_revision={BROKEN_COMMIT}", "--data", f"model_manifest={manifest}"]
+    pyinfra(INVENTORY, "deploys/all.py", *broken)  # the converge succeeds: the files are the pinned ones
+    wait_ready(node)
+    bad = gate("--limit", node)
     assert bad.returncode == 1
-    assert "sandbox-b0: coherence: answer:" in bad.stdout and "tool_round_trip" in bad.stdout
-    pyinfra(INVENTORY, "deploys/all.py", "--limit", "sandbox-b0")  # back to the inventory's env
-    assert subprocess.run([*gate, "--limit", "sandbox-b0"], capture_output=True, text=True).returncode == 0
+    assert f"{node}: coherence: answer:" in bad.stdout, bad.stdout[-3000:]
+    pyinfra(INVENTORY, "deploys/all.py", "--limit", node)  # back to the inventory's commit
+    wait_ready(node)
+    assert gate("--limit", node).returncode == 0
 
 
 def test_service_back_after_a_reboot_with_the_gate_in_force(sandbox):
     node = "sandbox-a"
-    pyinfra(INVENTORY, "server.reboot", "delay=5", "interval=1", "reboot_timeout=120", "--limit", node)
+    pyinfra(INVENTORY, "server.reboot", "delay=5", "interval=1", "reboot_timeout=180", "--limit", node)
     on_node(node, f"systemctl is-active --wait {UNITS[node]} || sleep 3")
     assert on_node(node, f"systemctl is-active {UNITS[node]}").stdout.strip() == "active"
     journal = on_node(node, f"journalctl -b -u {UNITS[node]} --no-pager").stdout
     assert "verified against sha256:" in journal  # the gate ran at boot
+    wait_ready(node)
     assert models(node) == ["grandpa"]
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []

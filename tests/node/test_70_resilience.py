@@ -84,7 +84,7 @@ def test_add_a_node_drill(sandbox):
         text = f.read()
     with open(inventory, "w") as f:
         f.write(text + '\nrtx_pro_6000_pair = rtx_pro_6000_pair + [_node("sandbox-a2", 2204, api_port=8104, '
-                       'cluster_name="rtx-pro-6000-pair-2", **_manifest(_A))]\n')
+                       'cluster_name="rtx-pro-6000-pair-2", service_env=_A_ENV, **_manifest(_A))]\n')
     try:
         up = subprocess.run(["tests/sandbox/node.sh", "up", "sandbox-a2", "2204", "2"], capture_output=True, text=True)
         assert up.returncode == 0, up.stderr

@@ -9,6 +9,7 @@ real inventory again afterwards, so each node gets its own model, manifest and g
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -25,9 +26,18 @@ MODEL_ONLY = "deploys.model_snapshot.model_snapshot"
 SHARDS = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
 
 
+MANIFEST_FILE = (f"{os.environ.get('SANDBOX_DIR', '/var/tmp/inference-nodes-sandbox')}/manifests/"
+                 f"deepseek-ai--DeepSeek-V4-Flash-0731@{COMMIT}.json")
+
+
+def model_files() -> dict[str, int]:
+    """path -> size of the stand-in hub's model at COMMIT, from its manifest."""
+    with open(MANIFEST_FILE) as f:
+        return {e["path"]: e["size"] for e in json.load(f)["files"]}
+
+
 def group_args(layout: str) -> list[str]:
-    sandbox_dir = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
-    manifest = f"{sandbox_dir}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{COMMIT}.json"
+    manifest = MANIFEST_FILE
     return ["--data", f'model_root="{ROOT}"', "--data", f'model_layout="{layout}"',
             "--data", f'model_revision="{COMMIT}"', "--data", f'model_manifest="{manifest}"']
 
@@ -69,11 +79,12 @@ def test_a_verified_peer_feeds_the_third_node(sandbox, one_group):
     proc = pyinfra("-vvv", "--diff", INVENTORY, MODEL_ONLY, *args)
     # the run's secret (a 43-character token after the user name in the daemon's secrets file) is never shown
     assert not re.search(r"inference-nodes:[A-Za-z0-9_-]{40,}", proc.stdout + proc.stderr)
+    files = model_files()
     for node in ("sandbox-a", "sandbox-b0"):
-        assert any("pushed 7 file(s)" in line for line in host_lines(proc, node)), proc.stderr[-3000:]
+        assert any(f"pushed {len(files)} file(s)" in line for line in host_lines(proc, node)), proc.stderr[-3000:]
     b1 = host_lines(proc, "sandbox-b1")
-    assert any(re.search(r"pulled 7 file\(s\), 12584471 bytes .* from peer sandbox-a \(127\.0\.0\.1:8731\)", line)
-               for line in b1), proc.stderr[-3000:]
+    pulled = rf"pulled {len(files)} file\(s\), {sum(files.values())} bytes .* from peer sandbox-a \(127\.0\.0\.1:8731\)"
+    assert any(re.search(pulled, line) for line in b1), proc.stderr[-3000:]
     assert not any("pushed" in line for line in b1), "the control node fed sandbox-b1"
     assert any("serving its verified model copy on 127.0.0.1:8731 to sandbox-b1" in line
                for line in host_lines(proc, "sandbox-a"))
@@ -81,8 +92,7 @@ def test_a_verified_peer_feeds_the_third_node(sandbox, one_group):
     sent = on_node("sandbox-a", "journalctl -t rsyncd -o cat --no-pager").stdout
     for shard in SHARDS:  # hf_cache: the blob behind each shard's link
         name = shard if layout == "plain" else "blobs/[0-9a-f]{64}"
-        assert len(re.findall(rf"send .* model \(inference-nodes\) {name} 3145937", sent)) >= (
-            1 if layout == "plain" else 4), sent[-2000:]
+        assert len(re.findall(rf"send .* model \(inference-nodes\) {name} {files[shard]}", sent)) >= 1, sent[-2000:]
     for node in sandbox:
         assert verified_in_full(node, layout), node
         assert nothing_left_serving(node), node
@@ -104,7 +114,7 @@ def test_a_peer_that_cannot_serve_is_replaced_by_the_control_node(sandbox, resto
     b1 = host_lines(proc, "sandbox-b1")
     assert any("peer sandbox-a cannot feed sandbox-b1 (its seed is not running): the control node feeds it instead"
                in line for line in b1), proc.stderr[-3000:]
-    assert any("pushed 7 file(s)" in line for line in b1)
+    assert any(f"pushed {len(model_files())} file(s)" in line for line in b1)
     for node in sandbox:
         assert verified_in_full(node, "plain"), node
         assert nothing_left_serving(node), node

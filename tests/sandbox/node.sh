@@ -9,6 +9,8 @@
 #                                 how many stand-in GPUs its stand-in nvidia-smi lists (default 1);
 #                                 FABRIC_ADDR: give it a stand-in RoCE sysfs tree carrying that address
 #   node.sh standins              build the signed stand-in NVIDIA apt repo and serve it on 127.0.0.1:8801
+#   node.sh vllm-image            build (or reuse) the real-vLLM (CPU) service image and its shared read-only
+#                                 image store (tests/sandbox/vllm_image.sh; up does this too); prints the digest
 #   node.sh down NAME             halt it (SIGKILL of its cgroup as fallback) and delete its rootfs
 #   node.sh down-all              every node this harness started
 #   node.sh ssh NAME [cmd...]     a root shell on the node
@@ -174,8 +176,9 @@ standins() {
   fi
 }
 
-# A registry on 127.0.0.1:5000 (Debian's docker-registry, no auth, loopback only) holding a small image
-# under each profile's production name; nodes reach it through their registries.conf.d mirror entries.
+# A registry on 127.0.0.1:5000 (Debian's docker-registry, no auth, loopback only) holding the vLLM image
+# under each profile's production name (vllm_image.sh pushes it); nodes reach it through their
+# registries.conf.d mirror entries.
 registry() {
   mkdir -p "$REGISTRY/data"
   local pid; pid=$(cat "$REGISTRY/pid" 2>/dev/null || true)
@@ -190,38 +193,40 @@ registry() {
       "$(printf 'lab:sandbox-secret-%s' "$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')" | base64)" > "$REGISTRY/auth.json"; }
 }
 
-# Push the stand-in service image from a node (it has podman) under every profile's image name: busybox,
-# the node's python3 with its stdlib and libraries, and tests/sandbox/standin_server.py at /srv.
-IMAGE_VERSION=3
-seed_image() {
-  local name=$1
-  if [ -s "$REGISTRY/digest" ] && [ "$(cat "$REGISTRY/image-version" 2>/dev/null)" = "$IMAGE_VERSION" ] \
-     && curl -sf -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' \
-       -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
-       "http://$REGISTRY_ADDR/v2/vllm/manifests/$(cat "$REGISTRY/digest")"; then return; fi
-  scp -q -F "$SSHCFG" "$(dirname "$0")/standin_server.py" "$name:/tmp/standin_server.py"
-  ssh -n -F "$SSHCFG" "$name" 'set -e; d=$(mktemp -d); mkdir -p $d/bin $d/srv $d/usr/bin $d/usr/lib $d/tmp
-    cp /bin/busybox $d/bin/; for t in sh true test ls cat sleep mkdir wget; do ln -s busybox $d/bin/$t; done
-    py=$(readlink -f /usr/bin/python3); cp $py $d/usr/bin/python3; cp -a /usr/lib/python3.* $d/usr/lib/
-    rm -rf $d/usr/lib/python3.*/test $d/usr/lib/python3.*/idlelib $d/usr/lib/python3.*/tkinter
-    for f in $(ldd $py | grep -o "/[^ ]*"); do mkdir -p $d$(dirname $f); cp -L $f $d$f; done
-    for so in $d/usr/lib/python3.*/lib-dynload/*.so; do for f in $(ldd $so 2>/dev/null | grep -o "/[^ ]*"); do
-      [ -e $d$f ] || { mkdir -p $d$(dirname $f); cp -L $f $d$f; }; done; done
-    cp /tmp/standin_server.py $d/srv/
-    tar --sort=name --mtime=@0 --owner=0 --group=0 -C $d -c . | podman import -q - localhost/stand-in-vllm:latest >/dev/null
-    for ref in vllm:deepseek-v4 anemll/dspark-vllm-gx10:0.1.1 aidendle94/sparkrun-vllm-ds4-gb10:latest; do
-      podman push -q --tls-verify=false --digestfile /tmp/digest localhost/stand-in-vllm:latest 127.0.0.1:5000/$ref; done
-    podman rmi localhost/stand-in-vllm:latest >/dev/null; rm -rf $d; cat /tmp/digest' > "$REGISTRY/digest.tmp"
-  mv "$REGISTRY/digest.tmp" "$REGISTRY/digest"; echo "$IMAGE_VERSION" > "$REGISTRY/image-version"
-  log "stand-in image pushed to $REGISTRY_ADDR: $(cat "$REGISTRY/digest")"
+# The service image: a real vLLM (CPU build) under every profile's image name, in the registry (the deploy's
+# pull path) and in a read-only image store every node shares (so nodes find it present by digest).
+. "$(dirname "$0")/vllm_image.sh"
+
+# The known-answer model (tests/sandbox/tiny_model.py) and its scrambled twin, generated once per machine by the
+# vLLM image's own python (torch, transformers), so the served model is loadable by exactly that vLLM.
+tiny_models() {
+  local here; here=$(cd "$(dirname "$0")" && pwd)
+  local key; key=$(cat "$here/tiny_model.py" "$here/../../files/serving_gate/serving_gate.py" | sha256sum | cut -c1-12)
+  TINY_MODELS=$VLLM_CACHE/tiny-models-$VLLM_BASE_KEY-$key
+  [ -f "$TINY_MODELS/.done" ] && return
+  local t0=$SECONDS d=$TINY_MODELS.tmp
+  rm -rf "$d"; mkdir -p "$d"
+  log "generating the known-answer tiny model and its scrambled twin (~1 min): $TINY_MODELS"
+  vllm_nspawn "$VLLM_ROOTFS" --bind="$d:/out" --bind-ro="$here/tiny_model.py:/run/tiny_model.py" \
+    --bind-ro="$here/../../files/serving_gate/serving_gate.py:/run/serving_gate.py" \
+    --setenv=PYTHONDONTWRITEBYTECODE=1 --setenv=HF_HUB_OFFLINE=1 /bin/sh -euc '
+      for v in good scrambled; do /opt/vllm/bin/python /run/tiny_model.py /out/$v --variant $v --gate /run/serving_gate.py; done'
+  touch "$d/.done"; mv "$d" "$TINY_MODELS"
+  log "tiny models generated in $((SECONDS - t0)) s"
 }
 
-# The stand-in model hub (tests/sandbox/standin_hub.py, stdlib only) on 127.0.0.1:8802.
+# The stand-in model hub (tests/sandbox/standin_hub.py, stdlib only) on 127.0.0.1:8802: the known-answer model
+# at the commits the profiles pin, the scrambled one at BROKEN_COMMIT.
 hub() {
+  tiny_models
   local pid; pid=$(cat "$SANDBOX_DIR/hub.pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ "$(cat "$SANDBOX_DIR/hub.models" 2>/dev/null)" != "$TINY_MODELS" ]; then
+    kill "$pid"; pid=""
+  fi
   if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
-    setsid python3 "$(dirname "$0")/standin_hub.py" --port "$HUB_PORT" </dev/null >"$SANDBOX_DIR/hub.log" 2>&1 &
-    echo $! > "$SANDBOX_DIR/hub.pid"
+    setsid python3 "$(dirname "$0")/standin_hub.py" --port "$HUB_PORT" --repo-dir "pinned=$TINY_MODELS/good" \
+      --repo-dir "broken=$TINY_MODELS/scrambled" </dev/null >"$SANDBOX_DIR/hub.log" 2>&1 &
+    echo $! > "$SANDBOX_DIR/hub.pid"; echo "$TINY_MODELS" > "$SANDBOX_DIR/hub.models"
     for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$HUB_PORT/api/models/x/y/revision/main" && break
       grep -q "stand-in hub on" "$SANDBOX_DIR/hub.log" 2>/dev/null && break; sleep 0.1; done
   fi
@@ -279,7 +284,7 @@ running() { local pid; pid=$(cat "$SANDBOX_DIR/run/$1/pid" 2>/dev/null) && kill 
 up() {
   local name=$1 port=$2 gpus=${3:-1} fabric=${4:--} run=$SANDBOX_DIR/run/$1 root=$SANDBOX_DIR/nodes/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
   if running "$name"; then log "$name already running"; return; fi
-  deps; build; sshkey; standins; registry; hub
+  deps; build; sshkey; standins; registry; vllm_image; hub
   rm -rf "$root" "$run"; mkdir -p "$root" "$run"
   tar -C "$root" -xf "$TAR"
   echo "$name" > "$root/etc/hostname"
@@ -289,6 +294,7 @@ up() {
   # harness-only: this host binds the pids controller to cgroup v1, so crun must not ask for a pids limit
   mkdir -p "$root/etc/containers/containers.conf.d"
   printf '[containers]\npids_limit = 0\n' > "$root/etc/containers/containers.conf.d/90-sandbox.conf"
+  vllm_node_storage "$root"      # Podman also reads the shared read-only vLLM image store (bound below)
   echo "$port" > "$run/port"
   # Stand-in GPU hardware: how many GPUs the stand-in nvidia-smi lists, and a boot unit that "loads" the
   # installed stand-in kernel module (its version) into /run, so a driver change needs a real reboot.
@@ -339,6 +345,7 @@ SUP
     env SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 systemd-nspawn -D "$root" -M "$name" -b \
       --register=no --keep-unit --console=pipe --resolv-conf=copy-host \
       --system-call-filter='@keyring bpf' --tmpfs="/dev/shm:mode=1777,size=$SHM_SIZE" \
+      --bind-ro="$VLLM_STORE:$VLLM_NODE_STORE" \
       ${SANDBOX_NSPAWN_EXTRA:-} \
       </dev/null >"$run/console.log" 2>&1 &
   echo $! > "$run/pid"
@@ -350,7 +357,6 @@ SUP
     sleep 0.3
   done
   log "$name up on 127.0.0.1:$port after $((SECONDS - t0)) s ($(ssh -n -F "$SSHCFG" "$name" systemctl is-system-running || true))"
-  seed_image "$name"
 }
 
 cgprocs() { [ -d "$1" ] && find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null; true; }
@@ -379,8 +385,9 @@ case ${1:-} in
   build) deps; build ;;
   up) [ $# -ge 3 ] || { echo "usage: $0 up NAME PORT [GPUS] [FABRIC_ADDR]" >&2; exit 2; }; up "$2" "$3" "${4:-1}" "${5:--}" ;;
   standins) deps; standins ;;
+  vllm-image) deps; build; registry; vllm_image; cat "$VLLM_STORE/digest" ;;
   down) [ $# -eq 2 ] || { echo "usage: $0 down NAME" >&2; exit 2; }; down "$2" ;;
   down-all) down_all ;;
   ssh) shift; name=$1; shift; exec ssh -F "$SSHCFG" "$name" "$@" ;;
-  *) echo "usage: $0 deps|build|standins|up NAME PORT [GPUS]|down NAME|down-all|ssh NAME [cmd]" >&2; exit 2 ;;
+  *) echo "usage: $0 deps|build|standins|vllm-image|up NAME PORT [GPUS]|down NAME|down-all|ssh NAME [cmd]" >&2; exit 2 ;;
 esac

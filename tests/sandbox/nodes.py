@@ -25,8 +25,12 @@ def generate_manifests(inventory_file: str = "inventories/sandbox.py", endpoint:
 
     out_dir = os.path.join(os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox"), "manifests")
     os.makedirs(out_dir, exist_ok=True)
+    from tests.sandbox.standin_hub import BROKEN_COMMIT
+
     pins = {(configs.model_repo, configs.model_revision)
             for configs in inventory_configs(load_inventory(inventory_file)).values()}
+    # the scrambled known-answer model, for tests that pin it instead (HTTP 200 with nonsense)
+    pins |= {(repo, BROKEN_COMMIT) for repo, _ in pins}
     for repo, commit in sorted(pins):
         path = os.path.join(out_dir, f"{repo.replace('/', '--')}@{commit}.json")
         with open(path, "w") as f:

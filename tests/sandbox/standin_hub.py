@@ -1,11 +1,19 @@
-"""A stand-in for the Hugging Face hub on 127.0.0.1: one generated model repo, served through the routes
-huggingface_hub 2.4 really calls (tree listing, HEAD/GET resolve with Range, revision info).
+"""A stand-in for the Hugging Face hub on 127.0.0.1: model repos served through the routes huggingface_hub
+2.4 really calls (tree listing, HEAD/GET resolve with Range, revision info).
 
-The repo is deterministic: a few safetensors shards of a few MB (valid headers), their real
-`model.safetensors.index.json`, config.json and README.md, served at every commit the profiles pin.
-A token, when configured, is required as `Authorization: Bearer <token>`.
+Each commit serves either a real model repo read from a directory (every file under it, e.g. the
+known-answer model of tests/sandbox/tiny_model.py: config.json, tokenizer files, chat_template.jinja,
+shards and index) or, by default, a generated one: a few safetensors shards of a few MB (valid headers),
+their real `model.safetensors.index.json`, config.json and README.md. The pinned COMMITS serve the generated
+repo unless given a directory; BROKEN_COMMIT (a third commit, for the scrambled model) exists only when
+given one. `*.safetensors` are LFS files. A token, when configured, is required as
+`Authorization: Bearer <token>`.
 
     python -m tests.sandbox.standin_hub --port 8802 [--shards 4] [--shard-mb 3] [--token-file F]
+                                        [--repo-dir COMMIT=DIR ...]
+
+COMMIT is 40 hex digits, or `pinned` (both COMMITS) or `broken` (BROKEN_COMMIT), e.g.
+`--repo-dir pinned=/var/tmp/tiny/good --repo-dir broken=/var/tmp/tiny/scrambled`.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import re
 import struct
@@ -22,6 +31,8 @@ from urllib.parse import unquote, urlsplit
 
 REPO = "deepseek-ai/DeepSeek-V4-Flash-0731"
 COMMITS = ("7872f01b1d1fe23eabc4c98b48bffcef5a386062", "9e165c30e2704aec5d9d593cce3eebd58bbef1cb")
+BROKEN_COMMIT = "b40c3e5c0ffee0ddba11fa11edbadc0de5ca4b1e"  # the scrambled model's commit (sandbox only)
+ALIASES = {"pinned": COMMITS, "broken": (BROKEN_COMMIT,)}
 
 
 def safetensors_shard(index: int, size: int) -> tuple[bytes, list[str]]:
@@ -50,26 +61,74 @@ def make_repo(shards: int = 4, shard_bytes: int = 3 * 1024 * 1024 + 17) -> dict[
     return files
 
 
+def read_repo(directory: str) -> dict[str, bytes]:
+    """Every file under ``directory`` (relative POSIX paths), hidden files and directories left out."""
+    files = {}
+    for root, dirs, names in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            if not name.startswith("."):
+                path = os.path.join(root, name)
+                with open(path, "rb") as f:
+                    files[os.path.relpath(path, directory).replace(os.sep, "/")] = f.read()
+    if not files:
+        raise ValueError(f"no files under {directory}")
+    return files
+
+
+def parse_repo_dirs(specs: list[str]) -> dict[str, str]:
+    """``COMMIT=DIR`` (COMMIT: 40 hex, ``pinned`` or ``broken``) -> {commit: dir}."""
+    out = {}
+    for spec in specs:
+        key, sep, directory = spec.partition("=")
+        if not sep or not directory:
+            raise ValueError(f"--repo-dir wants COMMIT=DIR, got {spec!r}")
+        commits = ALIASES.get(key) or ((key,) if re.fullmatch(r"[0-9a-f]{40}", key) else None)
+        if not commits:
+            raise ValueError(f"--repo-dir: {key!r} is neither 40 hex digits nor one of {sorted(ALIASES)}")
+        out.update({c: directory for c in commits})
+    return out
+
+
 def git_blob_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 class Hub:
-    def __init__(self, files: dict[str, bytes], token: str | None = None):
-        self.files, self.token = files, token
-        self.lfs = {p for p in files if p.endswith(".safetensors")}
-        self.requests: list[str] = []
+    """``repos``: {commit: {path: bytes}}; ``main`` is COMMITS[0] when served, else the first commit."""
 
-    def entry(self, path: str) -> dict:
-        data = self.files[path]
+    def __init__(self, repos: dict[str, dict[str, bytes]], token: str | None = None):
+        self.repos, self.token = repos, token
+        self.main = COMMITS[0] if COMMITS[0] in repos else next(iter(repos))
+        self.requests: list[str] = []
+        self._entries: dict[tuple[str, str], dict] = {}
+
+    @property
+    def files(self) -> dict[str, bytes]:
+        return self.repos[self.main]
+
+    def commit(self, rev: str) -> str | None:
+        commit = self.main if rev == "main" else rev
+        return commit if commit in self.repos else None
+
+    @staticmethod
+    def is_lfs(path: str) -> bool:
+        return path.endswith(".safetensors")
+
+    def entry(self, path: str, commit: str | None = None) -> dict:
+        commit = commit or self.main
+        if (commit, path) in self._entries:
+            return self._entries[commit, path]
+        data = self.repos[commit][path]
         e = {"type": "file", "path": path, "size": len(data)}
-        if path in self.lfs:
+        if self.is_lfs(path):
             sha = hashlib.sha256(data).hexdigest()
             pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {len(data)}\n".encode()
             e["oid"] = git_blob_sha1(pointer)
             e["lfs"] = {"oid": sha, "size": len(data), "pointerSize": len(pointer)}
         else:
             e["oid"] = git_blob_sha1(data)
+        self._entries[commit, path] = e
         return e
 
 
@@ -104,27 +163,26 @@ def handler(hub: Hub):
             if hub.token and self.headers.get("Authorization") != f"Bearer {hub.token}":
                 return self._error(401, "GatedRepo" if "/resolve/" in path or "/api/" in path else "Unauthorized")
             if m := re.fullmatch(rf"/api/models/{rp}/revision/([^/]+)", path):
-                if m[1] not in ("main", *COMMITS):
+                if not (sha := hub.commit(m[1])):
                     return self._error(404, "RevisionNotFound")
-                sha = COMMITS[0] if m[1] == "main" else m[1]
-                return self._json({"id": REPO, "sha": sha, "siblings": [{"rfilename": p} for p in sorted(hub.files)]})
+                return self._json({"id": REPO, "sha": sha, "siblings": [{"rfilename": p} for p in sorted(hub.repos[sha])]})
             if m := re.fullmatch(rf"/api/models/{rp}/tree/([^/]+)(/.*)?", path):
-                if m[1] not in ("main", *COMMITS):
+                if not (sha := hub.commit(m[1])):
                     return self._error(404, "RevisionNotFound")
-                return self._json([hub.entry(p) for p in sorted(hub.files)])
+                return self._json([hub.entry(p, sha) for p in sorted(hub.repos[sha])])
             if m := re.fullmatch(rf"/{rp}/resolve/([^/]+)/(.+)", path):
                 rev, name = m.groups()
-                if rev not in ("main", *COMMITS):
+                if not (commit := hub.commit(rev)):
                     return self._error(404, "RevisionNotFound")
-                commit = COMMITS[0] if rev == "main" else rev
-                if name not in hub.files:
+                files = hub.repos[commit]
+                if name not in files:
                     return self._error(404, "EntryNotFound", {"X-Repo-Commit": commit})
-                e = hub.entry(name)
+                e = hub.entry(name, commit)
                 headers = {"X-Repo-Commit": commit, "ETag": f'"{e["oid"]}"', "Accept-Ranges": "bytes"}
-                if name in hub.lfs:
+                if hub.is_lfs(name):
                     headers["X-Linked-Etag"] = f'"{e["lfs"]["oid"]}"'
                     headers["X-Linked-Size"] = str(e["size"])
-                data = hub.files[name]
+                data = files[name]
                 start, end, status = 0, len(data) - 1, 200
                 if (r := self.headers.get("Range")) and (mm := re.fullmatch(r"bytes=(\d+)-(\d*)", r)):
                     start, end, status = int(mm[1]), int(mm[2]) if mm[2] else end, 206
@@ -139,8 +197,16 @@ def handler(hub: Hub):
     return H
 
 
-def serve(port: int = 0, shards: int = 4, shard_bytes: int = 3 * 1024 * 1024 + 17, token: str | None = None):
-    hub = Hub(make_repo(shards, shard_bytes), token)
+def serve(port: int = 0, shards: int = 4, shard_bytes: int = 3 * 1024 * 1024 + 17, token: str | None = None,
+          repo_dirs: dict[str, str] | None = None):
+    """``repo_dirs``: {commit: directory} served from disk; the pinned COMMITS not in it serve the generated repo."""
+    repo_dirs = repo_dirs or {}
+    generated = make_repo(shards, shard_bytes) if any(c not in repo_dirs for c in COMMITS) else None
+    repos = {c: generated for c in COMMITS if c not in repo_dirs}
+    loaded: dict[str, dict[str, bytes]] = {}
+    for commit, directory in repo_dirs.items():
+        repos[commit] = loaded.setdefault(os.path.abspath(directory), read_repo(directory))
+    hub = Hub(repos, token)
     server = ThreadingHTTPServer(("127.0.0.1", port), handler(hub))
     server.hub = hub
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -153,8 +219,15 @@ if __name__ == "__main__":
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--shard-mb", type=float, default=3)
     ap.add_argument("--token-file")
+    ap.add_argument("--repo-dir", action="append", default=[], metavar="COMMIT=DIR",
+                    help="serve the files under DIR at COMMIT (40 hex, 'pinned' = both COMMITS, 'broken' = BROKEN_COMMIT)")
     args = ap.parse_args()
     tok = open(args.token_file).read().strip() if args.token_file else None
-    srv = serve(args.port, args.shards, int(args.shard_mb * 1024 * 1024) + 17, tok)
-    print(f"stand-in hub on http://127.0.0.1:{srv.server_address[1]} ({args.shards} shards)", flush=True)
+    try:
+        dirs = parse_repo_dirs(args.repo_dir)
+    except ValueError as e:
+        ap.error(str(e))
+    srv = serve(args.port, args.shards, int(args.shard_mb * 1024 * 1024) + 17, tok, dirs)
+    served = ", ".join(f"{c[:12]}={dirs.get(c, f'generated ({args.shards} shards)')}" for c in srv.hub.repos)
+    print(f"stand-in hub on http://127.0.0.1:{srv.server_address[1]} ({served})", flush=True)
     threading.Event().wait()

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """A stand-in for the inference server inside the sandbox's service image (stdlib only): an
 OpenAI-compatible /health, /v1/models, /v1/chat/completions (tool calls and JSON-schema answers included)
-and a Prometheus /metrics with vLLM's generation counter. STANDIN_MODE=garbage makes it answer 200 with
-nonsense (the serving gate must fail it). Listens on INFERENCE_API_HOST:INFERENCE_API_PORT (set by the
-unit from inventory data); like vLLM, the served name is SERVED_MODEL_NAME or else the model path.
+and a Prometheus /metrics with vLLM's generation counter and its running-requests and KV-cache gauges (v1
+names). STANDIN_MODE=garbage makes it answer 200 with nonsense (the serving gate must fail it). Listens on
+INFERENCE_API_HOST:INFERENCE_API_PORT (set by the unit from inventory data); like vLLM, the served name is
+SERVED_MODEL_NAME or else the model path.
 """
 
 import json
@@ -28,13 +29,15 @@ def answer(body):
     if last.get("role") == "tool":
         return {"role": "assistant", "content": f"The weather tool says: {last.get('content')}."}, 8
     if body.get("tools") and last.get("role") == "user":
-        return {"role": "assistant", "content": None, "tool_calls": [{
+        choice = body.get("tool_choice")
+        name = choice["function"]["name"] if isinstance(choice, dict) else body["tools"][0]["function"]["name"]
+        return {"role": "assistant", "content": "", "tool_calls": [{
             "id": "call_standin_1", "type": "function",
-            "function": {"name": body["tools"][0]["function"]["name"], "arguments": json.dumps({"city": "Paris"})}}]}, 12
+            "function": {"name": name, "arguments": json.dumps({"city": "Paris"})}}]}, 12
     fmt = body.get("response_format") or {}
     if fmt.get("type") == "json_schema":
         return {"role": "assistant", "content": json.dumps(
-            {"city": "Paris", "country": "France", "population_millions": 2.1})}, 20
+            {"city": "Paris", "country": "France", "population_millions": 2})}, 20
     text = " ".join(str(m.get("content", "")) for m in messages)
     if "capital of France" in text:
         return {"role": "assistant", "content": "The capital of France is Paris."}, 7
@@ -61,7 +64,10 @@ class H(BaseHTTPRequestHandler):
         if self.path == "/v1/models":
             return self._send(200, json.dumps({"object": "list", "data": [{"id": NAME, "object": "model"}]}))
         if self.path == "/metrics":
-            return self._send(200, f"vllm:generation_tokens_total{{model_name=\"{NAME}\"}} {generated}.0\n", "text/plain")
+            labels = f'{{model_name="{NAME}",engine="0"}}'
+            return self._send(200, f"vllm:generation_tokens_total{labels} {generated}.0\n"
+                                   f"vllm:num_requests_running{labels} 0.0\nvllm:kv_cache_usage_perc{labels} 0.0\n",
+                              "text/plain")
         return self._send(404, json.dumps({"error": "not found"}))
 
     def do_POST(self):

@@ -64,7 +64,7 @@ def test_sandbox_inventory_is_valid():
 
 
 # Where a rule is about two keys, the problem is reported on the key to change.
-REPORTED_AS = {("api_bind_address", "0.0.0.0"): "api_protected_by", ("tensor_parallel_size", 4): "service_env"}
+REPORTED_AS = {("api_bind_address", "0.0.0.0"): "api_protected_by"}
 
 BAD_SINGLE = [
     ("model_revision", "main", "40-hex commit"),
@@ -80,7 +80,7 @@ BAD_SINGLE = [
     ("gpu_indices", [0, 0], "unique GPU indices"),
     ("gpu_indices", [], "at least one GPU"),
     ("gpu_indices", [-1, 0], "non-negative"),
-    ("tensor_parallel_size", 4, "TP_SIZE equal to tensor_parallel_size (4)"),
+    ("tensor_parallel_size", 4, "2 = 2 GPU(s) per node × 1 node(s)"),
     ("node_arch", "arm64", "'x86_64' or 'aarch64'"),
     ("api_bind_address", "0.0.0.0", "authenticating proxy"),
     ("api_bind_address", "localhost", "an IP address"),
@@ -205,8 +205,8 @@ def test_image_env_launch_keeps_its_contract():
         validate_hosts(node_a(vllm_args=["--max-num-seqs", "2"]))
     assert "key 'vllm_args'" in str(err.value) and "image_env" in str(err.value)
     with pytest.raises(InventoryValidationError) as err:
-        validate_hosts(node_a(api_port=8101))
+        validate_hosts(node_a(api_port=8101, service_env={**PROFILE_A["service_env"], "PORT": "8000"}))
     assert "PORT equal to api_port (8101)" in str(err.value)
     with pytest.raises(InventoryValidationError) as err:
-        validate_hosts(node_a(served_model_name="other"))
+        validate_hosts(node_a(served_model_name="other", service_env={**PROFILE_A["service_env"], "SERVED_MODEL_NAME": "grandpa"}))
     assert "SERVED_MODEL_NAME equal to served_model_name (other)" in str(err.value)
