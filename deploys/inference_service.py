@@ -143,15 +143,47 @@ def podman_args(cfg: NodeConfig) -> str:
     return " ".join(args)
 
 
+def job_probe(cfg: NodeConfig, head: NodeConfig, nodes: int) -> str:
+    """The health command that keeps a multi-node job whole. vLLM's worker outlives its head ("Parent
+    process exited", then nothing) and a head keeps serving with a lost worker until a request fails. The
+    head's torch.distributed store (`--master-port`) holds one connection per process of the job while it
+    lives: a worker probes that the port answers, the head that all nodes' connections are there. When
+    either fails, Podman kills the container (`HealthOnFailure=kill`) and `Restart=` brings it back to
+    re-form the job. Quadlet passes HealthCmd= on as one string, run with /bin/sh -c; its parts are an IP
+    address and port the schema validated and the image's python."""
+    if is_head(cfg):
+        count = ("import sys; n = sum(1 for f in (\"/proc/net/tcp\", \"/proc/net/tcp6\") for l in open(f).readlines()[1:] "
+                 f"if l.split()[3] == \"01\" and int(l.split()[1].rsplit(\":\", 1)[1], 16) == {cfg.vllm_master_port}); "
+                 f"sys.exit(n < {nodes})")
+        return f"{cfg.vllm_python} -c '{count}'"
+    return (f"{cfg.vllm_python} -c 'import socket; socket.create_connection"
+            f"((\"{head.fabric_address}\", {cfg.vllm_master_port}), 5).close()'")
+
+
 def started_from_path(cfg: NodeConfig) -> str:
     return f"{RUN_DIR}/{cfg.container_name}.started-from"
 
 
-def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int = 1) -> str:
-    """The `.container` unit of one node. ``head`` is the cluster's rank-0 config; ``nodes`` its size."""
+def cluster_launch_digest(members: list[NodeConfig]) -> str:
+    """One hash of every member's launch (command line, environment, image), in rank order."""
+    ordered = sorted(members, key=lambda c: c.node_rank)
+    head = cluster_head([("", c) for c in ordered])
+    material = [[c.image_ref, container_argv(c, head, len(ordered)), sorted(service_environment(c, head, len(ordered)).items())]
+                for c in ordered]
+    return hashlib.sha256(repr(material).encode()).hexdigest()[:16]
+
+
+def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int = 1,
+                     members: list[NodeConfig] | None = None) -> str:
+    """The `.container` unit of one node. ``head`` is the cluster's rank-0 config; ``nodes`` its size;
+    ``members`` every node's config (multi-node: their launch digest is part of each unit, so a change on
+    any node restarts the whole job, workers first: a head cannot take a new worker into a running job)."""
     memlock = "infinity" if cfg.limits_memlock == "unlimited" else str(cfg.limits_memlock)
     role = "" if nodes == 1 else (" (head, rank 0)" if cfg.node_rank == 0 else f" (worker, rank {cfg.node_rank})")
-    out = [HEADER, "[Unit]\n", f"Description=inference-nodes {cfg.cluster_name}{role}\n",
+    out = [HEADER]
+    if nodes > 1 and members:
+        out.append(f"# cluster launch {cluster_launch_digest(members)}: a change on any node restarts every node\n")
+    out += ["[Unit]\n", f"Description=inference-nodes {cfg.cluster_name}{role}\n",
            "After=network-online.target nvidia-cdi-refresh.service\n", "Wants=network-online.target\n",
            "\n[Container]\n", f"ContainerName={cfg.container_name}\n", f"Image={cfg.image_ref}\n",
            # pulled by digest by the container-runtime step; the unit never pulls (the write-up's Pull=always)
@@ -167,16 +199,9 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
         out.append(f"Volume={cfg.jit_cache_dir}:{cfg.jit_cache_mount}\n")
     if cfg.container_tmp_dir:
         out.append(f"Volume={cfg.container_tmp_dir}:{cfg.container_tmp_mount}\n")
-    if nodes > 1 and not is_head(cfg) and head is not None and head.fabric_address:
-        # vLLM's worker outlives its head ("Parent process exited", then nothing). The head's
-        # torch.distributed port stays open while the job lives: when it closes, Podman kills the worker
-        # and Restart= brings it back to wait for the head, so the pair re-forms.
-        probe = (f"{cfg.vllm_python} -c 'import socket; socket.create_connection"
-                 f"((\"{head.fabric_address}\", {cfg.vllm_master_port}), 5).close()'")
-        # Quadlet passes HealthCmd= on as one string (Podman runs it with /bin/sh -c): written as is;
-        # its parts are an IP address and port validated by the schema, and the image's python.
-        out += [f"HealthCmd={probe}\n", "HealthInterval=10s\n", "HealthRetries=3\n",
-                f"HealthStartPeriod={cfg.service_timeout_start_sec}s\n", "HealthOnFailure=kill\n"]
+    if nodes > 1 and head is not None and head.fabric_address:
+        out += [f"HealthCmd={job_probe(cfg, head, nodes)}\n", "HealthInterval=10s\n", "HealthRetries=3\n",
+                f"HealthStartPeriod={cfg.service_worker_grace_sec}s\n", "HealthOnFailure=kill\n"]
     out.append(f"EnvironmentFile={cfg.fabric_env_file}\n")
     fabric = nodes > 1 and cfg.nccl_ib_gid_index is None
     if fabric:
@@ -210,7 +235,7 @@ def render_cluster(configs: dict[str, NodeConfig]) -> dict[str, str]:
     out = {}
     for name, cfg in configs.items():
         members = by_cluster[cfg.cluster_name]
-        out[name] = render_container(cfg, cluster_head(members), len(members))
+        out[name] = render_container(cfg, cluster_head(members), len(members), [c for _, c in members])
     return out
 
 
@@ -218,9 +243,8 @@ ROCE_HELPER = "/usr/local/lib/inference-nodes/roce_gid.py"
 ARGS_CHECK = "/usr/local/lib/inference-nodes/check_vllm_args.py"
 
 
-def cluster_of(cfg: NodeConfig) -> tuple[NodeConfig | None, int]:
-    members = clusters(inventory_configs(host.inventory))[cfg.cluster_name]
-    return cluster_head(members), len(members)
+def cluster_of(cfg: NodeConfig) -> list[tuple[str, NodeConfig]]:
+    return clusters(inventory_configs(host.inventory))[cfg.cluster_name]
 
 
 def fingerprint(unit_text: str, cfg: NodeConfig) -> str:
@@ -285,8 +309,9 @@ def service_current(service: str, started_from: str, fingerprint: str, act: bool
 @deploy("Inference service")
 def inference_service():
     cfg: NodeConfig = node_config()
-    head, nodes = cluster_of(cfg)
-    unit_text = render_container(cfg, head, nodes)
+    members = cluster_of(cfg)
+    head, nodes = cluster_head(members), len(members)
+    unit_text = render_container(cfg, head, nodes, [c for _, c in members])
     unit_path = f"{UNIT_DIR}/{cfg.container_name}.container"
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     atomic_put(name="Install the RoCE GID lookup", src=os.path.join(here, "files/inference_service/roce_gid.py"),

@@ -22,7 +22,8 @@ from deploys.schema import NodeConfig, cluster_head, clusters
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
-def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, distro: str = "ubuntu2404") -> dict[str, str]:
+def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: list[NodeConfig],
+               distro: str = "ubuntu2404") -> dict[str, str]:
     """Node path -> content of every file the deploy writes from templates for this host."""
     out = {
         nvidia_driver.PIN_FILE: nvidia_driver.render_apt_pin(cfg.nvidia_driver_branch),
@@ -35,7 +36,7 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, distro: str
         cfg.fabric_env_file: host_tuning.render_fabric_env(cfg),
         model_snapshot.GATE: model_snapshot.render_gate(cfg.snapshot_dir),
         f"{inference_service.UNIT_DIR}/{cfg.container_name}.container":
-            inference_service.render_container(cfg, head, nodes),
+            inference_service.render_container(cfg, head, nodes, members),
     }
     if cfg.nvidia_driver_source == "cuda_repo":
         path = nvidia_driver.cuda_repo_path({"id": distro, "version_id": ""}, cfg.node_arch)
@@ -58,7 +59,8 @@ def render_inventory(inventory_file: str, out_dir: str, limit: str | None = None
         if limit and limit not in (name, cfg.cluster_name):
             continue
         members = by_cluster[cfg.cluster_name]
-        for path, text in host_files(cfg, cluster_head(members), len(members), distro).items():
+        peers = [c for _, c in members]
+        for path, text in host_files(cfg, cluster_head(members), len(members), peers, distro).items():
             dest = os.path.join(out_dir, name, path.lstrip("/"))
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             with open(dest, "w") as f:

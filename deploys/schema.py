@@ -319,6 +319,10 @@ class ContainerKeys(_Keys):
     service_timeout_start_sec: int = _key(3600, description="`TimeoutStartSec=`: first start compiles and loads ~160 GB", ge=1)
     service_timeout_stop_sec: int = _key(120, description="`TimeoutStopSec=`", ge=1)
     service_restart_sec: int = _key(30, description="`RestartSec=` after a failure", ge=0)
+    service_worker_grace_sec: int = _key(
+        120, description="multi-node workers: seconds after start before a head that does not answer on "
+        "`vllm_master_port` gets the worker killed and restarted (`HealthStartPeriod=`)", ge=10, le=86400,
+    )
 
     @model_validator(mode="after")
     def _launch_rules(self) -> ContainerKeys:

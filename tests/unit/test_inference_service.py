@@ -101,7 +101,9 @@ def test_two_node_units_carry_the_whole_launch_contract():
     assert ("EnvironmentFile", "/etc/inference-nodes/fabric.env") in head["Container"]
     health = dict(worker["Container"])
     assert "198.51.100.20" in health["HealthCmd"] and "29500" in health["HealthCmd"]
-    assert health["HealthOnFailure"] == "kill" and "HealthCmd" not in dict(head["Container"])
+    assert health["HealthOnFailure"] == "kill"
+    head_probe = dict(head["Container"])["HealthCmd"]  # the head counts the job's connections to its store
+    assert "/proc/net/tcp" in head_probe and "== 29500" in head_probe and "n < 2" in head_probe
 
 
 def test_deployment_c_renders_its_served_name_and_rank_flags():
@@ -146,3 +148,17 @@ def test_roce_gid_picks_the_v2_gid_of_the_fabric_address(tmp_path):
     ])
     assert find_gid(str(tmp_path), "198.51.100.20") == ("mlx5_0", "1", 3)
     assert find_gid(str(tmp_path), "198.51.100.21") is None
+
+
+def test_a_change_on_one_node_of_a_pair_changes_both_units():
+    from deploys.inference_service import render_container
+    from deploys.schema import cluster_head, clusters
+
+    members = clusters(LAB)["gb10-dspark"]
+    cfgs = [c for _, c in members]
+    changed = [cfgs[0], cfgs[1].model_copy(update={"service_env": {"X": "1"}})]
+    head = cluster_head(members)
+    before = [render_container(c, head, 2, cfgs) for c in cfgs]
+    after = [render_container(c, head, 2, changed) for c in cfgs]
+    assert before[0] != after[0], "the head's unit must change with its worker's launch"
+    assert UNITS["rtx-pro-a.lab.example"].count("cluster launch") == 0
