@@ -143,21 +143,13 @@ def podman_args(cfg: NodeConfig) -> str:
     return " ".join(args)
 
 
-def job_probe(cfg: NodeConfig, head: NodeConfig, nodes: int) -> str:
-    """The health command that keeps a multi-node job whole. vLLM's worker outlives its head ("Parent
-    process exited", then nothing) and a head keeps serving with a lost worker until a request fails. The
-    head's torch.distributed store (`--master-port`) holds one connection per process of the job while it
-    lives: a worker probes that the port answers, the head that all nodes' connections are there. When
-    either fails, Podman kills the container (`HealthOnFailure=kill`) and `Restart=` brings it back to
-    re-form the job. Quadlet passes HealthCmd= on as one string, run with /bin/sh -c; its parts are an IP
-    address and port the schema validated and the image's python."""
-    if is_head(cfg):
-        count = ("import sys; n = sum(1 for f in (\"/proc/net/tcp\", \"/proc/net/tcp6\") for l in open(f).readlines()[1:] "
-                 f"if l.split()[3] == \"01\" and int(l.split()[1].rsplit(\":\", 1)[1], 16) == {cfg.vllm_master_port}); "
-                 f"sys.exit(n < {nodes})")
-        return f"{cfg.vllm_python} -c '{count}'"
-    return (f"{cfg.vllm_python} -c 'import socket; socket.create_connection"
-            f"((\"{head.fabric_address}\", {cfg.vllm_master_port}), 5).close()'")
+def job_probe(cfg: NodeConfig, nodes: int) -> str:
+    """The health command that keeps a multi-node job whole (files/inference_service/job_probe.py: a worker
+    holds its connection to the head's store, the head holds one per node). When it fails, Podman kills
+    the container (`HealthOnFailure=kill`) and `Restart=` brings it back to re-form the job. Quadlet passes
+    HealthCmd= on as one string (run with /bin/sh -c); its parts are validated numbers and the image's python."""
+    role = f"--role head --nodes {nodes}" if is_head(cfg) else "--role worker"
+    return f"{cfg.vllm_python} {JOB_PROBE_MOUNT} --port {cfg.vllm_master_port} {role}"
 
 
 def started_from_path(cfg: NodeConfig) -> str:
@@ -199,8 +191,8 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
         out.append(f"Volume={cfg.jit_cache_dir}:{cfg.jit_cache_mount}\n")
     if cfg.container_tmp_dir:
         out.append(f"Volume={cfg.container_tmp_dir}:{cfg.container_tmp_mount}\n")
-    if nodes > 1 and head is not None and head.fabric_address:
-        out += [f"HealthCmd={job_probe(cfg, head, nodes)}\n", "HealthInterval=10s\n", "HealthRetries=3\n",
+    if nodes > 1:
+        out += [f"Volume={JOB_PROBE}:{JOB_PROBE_MOUNT}:ro\n", f"HealthCmd={job_probe(cfg, nodes)}\n", "HealthInterval=10s\n", "HealthRetries=3\n",
                 f"HealthStartPeriod={cfg.service_worker_grace_sec}s\n", "HealthOnFailure=kill\n"]
     out.append(f"EnvironmentFile={cfg.fabric_env_file}\n")
     fabric = nodes > 1 and cfg.nccl_ib_gid_index is None
@@ -241,6 +233,8 @@ def render_cluster(configs: dict[str, NodeConfig]) -> dict[str, str]:
 
 ROCE_HELPER = "/usr/local/lib/inference-nodes/roce_gid.py"
 ARGS_CHECK = "/usr/local/lib/inference-nodes/check_vllm_args.py"
+JOB_PROBE = "/usr/local/lib/inference-nodes/job_probe.py"
+JOB_PROBE_MOUNT = "/run/inference-nodes-job-probe.py"
 
 
 def cluster_of(cfg: NodeConfig) -> list[tuple[str, NodeConfig]]:
@@ -321,6 +315,8 @@ def inference_service():
               dest=ROCE_GID, user="root", group="root", mode="0755")
     atomic_put(name="Install the vLLM command-line check", src=os.path.join(here, "files/inference_service/check_vllm_args.py"),
               dest=ARGS_CHECK, user="root", group="root", mode="0644", create_remote_dir=True)
+    atomic_put(name="Install the multi-node job probe", src=os.path.join(here, "files/inference_service/job_probe.py"),
+              dest=JOB_PROBE, user="root", group="root", mode="0644", create_remote_dir=True)
     for path in (cfg.jit_cache_dir, cfg.container_tmp_dir):
         if path:
             files.directory(name="Create the persistent JIT cache and tmp directories", path=path,

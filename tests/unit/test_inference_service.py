@@ -100,10 +100,30 @@ def test_two_node_units_carry_the_whole_launch_contract():
         in worker["Service"]
     assert ("EnvironmentFile", "/etc/inference-nodes/fabric.env") in head["Container"]
     health = dict(worker["Container"])
-    assert "198.51.100.20" in health["HealthCmd"] and "29500" in health["HealthCmd"]
-    assert health["HealthOnFailure"] == "kill"
-    head_probe = dict(head["Container"])["HealthCmd"]  # the head counts the job's connections to its store
-    assert "/proc/net/tcp" in head_probe and "== 29500" in head_probe and "n < 2" in head_probe
+    assert health["HealthCmd"] == "python3 /run/inference-nodes-job-probe.py --port 29500 --role worker"
+    assert health["HealthOnFailure"] == "kill" and health["HealthStartPeriod"] == "120s"
+    assert dict(head["Container"])["HealthCmd"] == \
+        "python3 /run/inference-nodes-job-probe.py --port 29500 --role head --nodes 2"
+    assert ("Volume", "/usr/local/lib/inference-nodes/job_probe.py:/run/inference-nodes-job-probe.py:ro") \
+        in head["Container"]
+
+
+def test_job_probe_counts_only_established_connections_of_its_own_processes():
+    import socket
+
+    from files.inference_service.job_probe import established, own_socket_inodes
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert established(port, "local", own_socket_inodes()) == 0
+        with socket.create_connection(("127.0.0.1", port)) as client, server.accept()[0]:
+            mine = own_socket_inodes()
+            assert established(port, "local", mine) == 1   # the head's side: accepted from the job
+            assert established(port, "remote", mine) == 1  # a worker's side: its connection to the head
+            assert established(port, "remote", set()) == 0  # other containers' sockets do not count
+            client.close()
 
 
 def test_deployment_c_renders_its_served_name_and_rank_flags():
