@@ -32,6 +32,8 @@ demo: venv sandbox-deps
 	$(BIN)/python -m tests.sandbox.nodes --manifests
 	$(BIN)/pyinfra -y $(SANDBOX_INVENTORY) deploys/all.py
 	AUDIT_INVENTORY=$(SANDBOX_INVENTORY) $(BIN)/python -m pytest -q tests/audit
+	@echo "Serving gate against the real vLLM on every head:"
+	AUDIT_INVENTORY=$(SANDBOX_INVENTORY) $(BIN)/python -m pytest -q -rA tests/audit -m serving | grep -E "^(PASSED|FAILED)|passed|failed"
 	@echo
 	@echo "Sandbox nodes are running:"
 	@$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port gpus fabric; do echo "  $$name  ssh -F $${SANDBOX_DIR:-/var/tmp/inference-nodes-sandbox}/ssh/config $$name   (or: $(NODE_SH) ssh $$name)"; done
