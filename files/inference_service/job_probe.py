@@ -7,8 +7,10 @@ vLLM's worker outlives its head ("Parent process exited", then nothing), and a h
 lost worker until a request fails. The head's torch.distributed store (`--master-port`) holds a TCP
 connection from every process of the job while the job lives. So: a worker is healthy while one of its
 own processes holds an established connection to that port; the head while its own processes hold at
-least N established connections on it (one per node; its own client included). Only sockets owned by
-this container's processes count (the network namespace may be shared: `Network=host`). Exit 0: healthy.
+least N established connections on it (one per node; its own client included), and still the same ones
+as when the job formed: a worker that restarted alone (its node rebooted) connects anew, but cannot join
+the running job, so the head's job is not whole and the head is restarted too. Only sockets owned by this
+container's processes count (the network namespace may be shared: `Network=host`). Exit 0: healthy.
 """
 
 import argparse
@@ -30,9 +32,17 @@ def own_socket_inodes(proc: str = "/proc") -> set[str]:
     return inodes
 
 
+JOB_FILE = "/tmp/inference-nodes-job-peers"  # in the container's own /tmp: new with every container
+
+
 def established(port: int, side: str, inodes: set[str], tables=("/proc/net/tcp", "/proc/net/tcp6")) -> int:
     """Established sockets owned by ``inodes`` whose local (side="local") or remote port is ``port``."""
-    n = 0
+    return len(peers(port, side, inodes, tables))
+
+
+def peers(port: int, side: str, inodes: set[str], tables=("/proc/net/tcp", "/proc/net/tcp6")) -> list[str]:
+    """The far ends (hex address:port) of those sockets."""
+    out = []
     for table in tables:
         try:
             with open(table) as f:
@@ -44,8 +54,8 @@ def established(port: int, side: str, inodes: set[str], tables=("/proc/net/tcp",
             local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
             address = local if side == "local" else remote
             if state == "01" and int(address.rsplit(":", 1)[1], 16) == port and inode in inodes:
-                n += 1
-    return n
+                out.append(remote)
+    return sorted(out)
 
 
 def main(argv: list[str]) -> int:
@@ -56,9 +66,22 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     inodes = own_socket_inodes()
     if args.role == "head":
-        n = established(args.port, "local", inodes)
-        print(f"head: {n} connection(s) of the job on :{args.port}, {args.nodes} node(s) expected")
-        return 0 if n >= args.nodes else 1
+        now = peers(args.port, "local", inodes)
+        print(f"head: {len(now)} connection(s) of the job on :{args.port}, {args.nodes} node(s) expected")
+        if len(now) < args.nodes:
+            return 1
+        try:
+            with open(JOB_FILE) as f:
+                formed = f.read().split()
+        except FileNotFoundError:  # the job has just formed: remember who is in it
+            with open(JOB_FILE, "w") as f:
+                f.write("\n".join(now) + "\n")
+            return 0
+        lost = sorted(set(formed) - set(now))
+        if lost:
+            print(f"head: {len(lost)} connection(s) of the job are gone (a node restarted): the job is not whole")
+            return 1
+        return 0
     n = established(args.port, "remote", inodes)
     print(f"worker: {n} connection(s) to the head's :{args.port}")
     return 0 if n >= 1 else 1

@@ -68,3 +68,28 @@ def changed_operations(proc: subprocess.CompletedProcess) -> list[tuple[str, lis
 
 def on_node(name: str, command: str) -> subprocess.CompletedProcess:
     return subprocess.run([NODE_SH, "ssh", name, command], capture_output=True, text=True, timeout=120)
+
+
+def wait_serving(nodes: list[str], timeout: float = 900) -> None:
+    """Until every node's service is active and every head answers /health (a real vLLM loads and compiles
+    first, several at once on this machine's 2 cores)."""
+    import time
+    import urllib.request
+
+    from deploys.inventory import inventory_configs, load_inventory
+
+    configs = inventory_configs(load_inventory(INVENTORY))
+    t0 = time.monotonic()
+    for name in nodes:
+        cfg = configs[name]
+        on_node(name, f"timeout {int(timeout)} systemctl is-active --wait {cfg.container_name}.service")
+        if cfg.node_rank != 0:
+            continue
+        while time.monotonic() - t0 < timeout:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{cfg.api_port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(2)

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra
+from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra, wait_serving
 
 LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
 
@@ -50,6 +50,7 @@ def test_second_converge_reports_zero_changes(sandbox):
 
 def test_audit_after_reboot(sandbox):
     pyinfra(INVENTORY, "server.reboot", "delay=5", "interval=1", "reboot_timeout=120")
+    wait_serving(sandbox)  # the services start at boot, behind the model gate, and load before they answer
     proc = _audit()
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert " passed" in proc.stdout and " failed" not in proc.stdout

@@ -6,7 +6,7 @@ Runs after test_10_converge.py (pytest orders modules by name) on the same sessi
 
 from __future__ import annotations
 
-from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra
+from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra, wait_serving
 
 NO_PIN = "-o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts=/dev/null"
 
@@ -57,5 +57,10 @@ def test_node_on_590_is_refused_then_moved_with_allow_driver_change(sandbox):
     assert on_node(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split() == ["580.95.05"]
     assert on_node(node, "dpkg -l | grep -c 'ii  nvidia-driver-pinning-590'").stdout.strip() == "0"
 
+    # sandbox-b1 rebooted alone (twice): its worker cannot join the head's running job. The job probes
+    # restart both in time; here the pair is re-formed at once, as an admin would (worker, then head).
+    for n in ("sandbox-b1", "sandbox-b0"):
+        assert on_node(n, "systemctl restart inference.service").returncode == 0
+    wait_serving(sandbox)
     again = pyinfra("--json", INVENTORY, "deploys/all.py")
     assert changed_operations(again) == []

@@ -182,3 +182,27 @@ def test_a_change_on_one_node_of_a_pair_changes_both_units():
     after = [render_container(c, head, 2, changed) for c in cfgs]
     assert before[0] != after[0], "the head's unit must change with its worker's launch"
     assert UNITS["rtx-pro-a.lab.example"].count("cluster launch") == 0
+
+
+def test_head_probe_fails_once_a_connection_of_the_formed_job_is_replaced(tmp_path, monkeypatch):
+    import socket
+
+    from files.inference_service import job_probe
+
+    monkeypatch.setattr(job_probe, "JOB_FILE", str(tmp_path / "peers"))
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        args = ["--port", str(port), "--role", "head", "--nodes", "1"]
+        assert job_probe.main(args) == 1  # nobody connected yet
+        first = socket.create_connection(("127.0.0.1", port))
+        a, _ = server.accept()
+        assert job_probe.main(args) == 0 and job_probe.main(args) == 0  # the job formed, and stays whole
+        second = socket.create_connection(("127.0.0.1", port))  # a restarted worker connects anew...
+        b, _ = server.accept()
+        first.close()
+        a.close()
+        assert job_probe.main(args) == 1  # ...but the job it belonged to is gone
+        for s in (second, b):
+            s.close()
