@@ -70,17 +70,18 @@ def test_corrupt_truncated_and_missing_shards_are_named_and_repaired_alone(sandb
 
 def test_too_little_disk_is_refused_before_fetching(sandbox):
     node = "sandbox-b1"
-    assert on_node(node, f"rm -rf {PLAIN} && mkdir -p {PLAIN} && mount -t tmpfs -o size=4m tmpfs {PLAIN}").returncode == 0
+    # 1 MiB: less than the known-answer model (1.25 MB), so the verifier's own count of missing bytes refuses it
+    assert on_node(node, f"rm -rf {PLAIN} && mkdir -p {PLAIN} && mount -t tmpfs -o size=1m tmpfs {PLAIN}").returncode == 0
     try:
         # the entry point: preflight refuses it from model_size_gb, before any operation
         proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", node, check=False)
         assert proc.returncode == 1
-        assert f"host {node}: too little disk for the model at {PLAIN}: 4194304 bytes free" in proc.stderr
+        assert f"host {node}: too little disk for the model at {PLAIN}: 1048576 bytes free" in proc.stderr
         # the model component alone: from the exact bytes its verifier says are missing
         proc = pyinfra(INVENTORY, "deploys.model_snapshot.model_snapshot", "--limit", node, check=False)
         assert proc.returncode == 1
         assert f"{node}: too little disk for the model at {PLAIN}: " in proc.stderr
-        assert "bytes needed, 4194304 bytes free" in proc.stderr
+        assert "bytes needed, 1048576 bytes free" in proc.stderr
         assert on_node(node, f"ls -A {PLAIN}").stdout.strip() == "", "nothing was fetched"
     finally:
         on_node(node, f"umount {PLAIN}")
