@@ -37,8 +37,10 @@ _A, _B = "7872f01b1d1fe23eabc4c98b48bffcef5a386062", "9e165c30e2704aec5d9d593cce
 # What differs from the lab profiles because the sandbox's vLLM is the CPU build serving a 2048-token model:
 # A's script contract gets the CPU-fitting lengths; B's fork-only flags
 # (nvfp4_ds_mla, cudagraph sizes) are replaced by upstream flags the tiny model and the gate need.
-_A_ENV = {**runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                        "group_data/rtx_pro_6000_pair.py"))["service_env"],
+# (the profile beside this file; a copy of this inventory elsewhere, as the resilience tests make, reads the repo's)
+_A_PROFILE = next(p for p in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "group_data/rtx_pro_6000_pair.py"),
+                              "inventories/group_data/rtx_pro_6000_pair.py") if os.path.exists(p))
+_A_ENV = {**runpy.run_path(_A_PROFILE)["service_env"],
           "MAX_MODEL_LEN": "2048", "MAX_NUM_BATCHED_TOKENS": "2048"}
 _CPU_VLLM_ARGS = ["--max-model-len", "2048", "--max-num-seqs", "2", "--enable-auto-tool-choice",
                   "--tool-call-parser", "hermes", "--structured-outputs-config.backend", "xgrammar",
