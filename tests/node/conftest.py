@@ -70,7 +70,7 @@ def on_node(name: str, command: str) -> subprocess.CompletedProcess:
     return subprocess.run([NODE_SH, "ssh", name, command], capture_output=True, text=True, timeout=120)
 
 
-def wait_serving(nodes: list[str], timeout: float = 900) -> None:
+def wait_serving(nodes: list[str], timeout: float = 900, inventory: str = INVENTORY) -> None:
     """Until every node's service is active and every head answers /health (a real vLLM loads and compiles
     first, several at once on this machine's 2 cores)."""
     import time
@@ -78,7 +78,7 @@ def wait_serving(nodes: list[str], timeout: float = 900) -> None:
 
     from deploys.inventory import inventory_configs, load_inventory
 
-    configs = inventory_configs(load_inventory(INVENTORY))
+    configs = inventory_configs(load_inventory(inventory))
     t0 = time.monotonic()
     for name in nodes:
         cfg = configs[name]

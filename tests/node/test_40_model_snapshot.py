@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra
+from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra, wait_serving
 
 PLAIN = "/srv/models/DeepSeek-V4-Flash-0731"  # gb10_dspark: plain layout
 CACHE = "/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731"  # rtx_pro_6000_pair: HF cache layout
@@ -93,6 +93,9 @@ def test_too_little_disk_is_refused_before_fetching(sandbox):
 def test_refused_hub_token_is_a_clear_error_and_never_printed(sandbox, refusing_hub, tmp_path):
     endpoint, token_file, token = refusing_hub
     node = "sandbox-b0"
+    # the previous test emptied sandbox-b1's model under its starting vLLM: the pair restarts (its job probes);
+    # converges below must see it settled, or they would (rightly) start a service caught between restarts
+    wait_serving(sandbox)
     assert on_node(node, f"rm {PLAIN}/model-00004-of-00004.safetensors").returncode == 0
     proc = pyinfra("-vv", INVENTORY, "deploys/all.py", "--limit", node, "--data", f'model_hub_endpoint="{endpoint}"',
                    "--data", f'model_hub_token_file="{token_file}"',

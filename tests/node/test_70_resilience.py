@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, on_node, pyinfra
+from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, on_node, pyinfra, wait_serving
 
 MANAGED = [
     "/etc/security/limits.d/90-inference-nodes.conf",
@@ -92,6 +92,7 @@ def test_add_a_node_drill(sandbox):
         assert "sandbox-a2  rtx-pro-6000-pair-2/0" in pre.stderr
         pyinfra(inventory, "deploys/all.py", "--limit", "sandbox-a2")
         assert changed_operations(pyinfra("--json", inventory, "deploys/all.py")) == []
+        wait_serving(["sandbox-a2"], inventory=inventory)  # its real vLLM loads before it listens
         audit = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/audit", "--inventory", inventory],
                                capture_output=True, text=True, timeout=300)
         assert audit.returncode == 0, audit.stdout[-3000:]
