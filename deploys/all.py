@@ -1,12 +1,13 @@
 """Entry point: `pyinfra -y inventories/lab.py deploys/all.py`.
 
 Order: validate -> preflight -> NVIDIA driver -> container runtime -> host tuning -> model snapshot ->
-inference service.
+model integrity (deep verify timer) -> inference service.
 """
 
 from deploys.container_runtime import container_runtime
 from deploys.host_tuning import host_tuning
 from deploys.inference_service import inference_service
+from deploys.model_integrity import model_integrity
 from deploys.model_snapshot import model_snapshot
 from deploys.nvidia_driver import nvidia_driver
 from deploys.preflight import preflight
@@ -18,4 +19,5 @@ nvidia_driver()
 container_runtime()
 host_tuning()
 model_snapshot()
+model_integrity()
 inference_service()

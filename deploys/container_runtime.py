@@ -15,7 +15,6 @@ from packaging.version import Version
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.server import Command
 from pyinfra.operations import apt, files, systemd
 from pyinfra.operations.util import any_changed
 
@@ -24,6 +23,8 @@ from deploys.ops import apt_held, atomic_put, fail_host, flat_repo_source, keyri
 from deploys.schema import ContainerRuntimeKeys, NodeConfig, defaults_of
 from facts.containers import CdiSpec, PodmanImageDigest, PodmanVersion
 from facts.nvidia import NvidiaKernelModule
+
+DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}  # node_arch -> Debian's name
 
 DEFAULTS = defaults_of(ContainerRuntimeKeys)  # keys, defaults and meanings: README "Inventory keys"
 
@@ -167,6 +168,7 @@ def image_present(image: str, digest: str | None, authfile: str | None = None):
 @deploy("Container runtime", data_defaults=DEFAULTS)
 def container_runtime():
     cfg: NodeConfig = node_config()
+    batch = (TOOLKIT_SOURCE, REFRESH_ENV, REGISTRIES_FILE)  # read in one round trip
     # catatonit: the init a unit with RunInit=true (deployment A) needs; a Recommends that minimal installs skip
     apt.packages(name="Install Podman from the distribution", packages=["podman", "catatonit"], update=True,
                  cache_time=86400)
@@ -180,8 +182,9 @@ def container_runtime():
         fingerprint=cfg.nvidia_toolkit_key_fingerprint,
         dest=TOOLKIT_KEYRING,
     )
-    deb_arch = host.get_fact(Command, command="dpkg --print-architecture")
+    deb_arch = DEB_ARCH[cfg.node_arch]  # preflight refused a node of another architecture
     source = atomic_put(
+        batch=batch,
         name="Add NVIDIA's container toolkit repo",
         src=StringIO(render_toolkit_source(cfg, deb_arch)),
         dest=TOOLKIT_SOURCE,
@@ -194,6 +197,7 @@ def container_runtime():
     apt_held(name="Hold the container toolkit", packages=cfg.nvidia_toolkit_packages)
 
     env = atomic_put(
+        batch=batch,
         name="Configure CDI generation for this Podman",
         src=StringIO(render_refresh_env(cfg)),
         dest=REFRESH_ENV,
@@ -215,6 +219,7 @@ def container_runtime():
     )
 
     atomic_put(
+        batch=batch,
         name="Configure registries (registries.conf.d)",
         src=StringIO(render_registries(cfg)),
         dest=REGISTRIES_FILE,

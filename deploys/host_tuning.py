@@ -89,12 +89,14 @@ def shm_large_enough(min_bytes: int, reason: str):
 @deploy("Host tuning", data_defaults=DEFAULTS)
 def host_tuning():
     cfg = node_config()
+    batch = (LIMITS_FILE, SYSTEMD_DEFAULTS_FILE, cfg.fabric_env_file)  # read in one round trip
     shm_large_enough(
         name="Check /dev/shm holds the KV offload",
         min_bytes=cfg.shm_required_bytes,
         reason=shm_reason(cfg),
     )
     atomic_put(
+        batch=batch,
         name="Set memlock/nofile/stack limits for logins (limits.d)",
         src=StringIO(render_limits(cfg)),
         dest=LIMITS_FILE,
@@ -103,6 +105,7 @@ def host_tuning():
         mode="0644",
     )
     defaults = atomic_put(
+        batch=batch,
         name="Set systemd's default memlock/nofile/stack limits for services",
         src=StringIO(render_systemd_defaults(cfg)),
         dest=SYSTEMD_DEFAULTS_FILE,
@@ -124,6 +127,7 @@ def host_tuning():
         mode="0755",
     )
     atomic_put(
+        batch=batch,
         name="Write the UCX/NCCL fabric environment",
         src=StringIO(render_fabric_env(cfg)),
         dest=cfg.fabric_env_file,

@@ -18,7 +18,7 @@ import os
 import shlex
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.facts.server import Command
@@ -27,7 +27,7 @@ from pyinfra.operations import files, systemd
 
 from deploys.host_tuning import render_fabric_env
 from deploys.inventory import inventory_configs, node_config
-from deploys.model_snapshot import GATE
+from deploys.model_snapshot import GATE, STAMP
 from deploys.ops import atomic_put
 from deploys.unit_text import command_line, environment_line
 from deploys.schema import NodeConfig, cluster_head, clusters
@@ -209,10 +209,12 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
     dirs = [d for d in (cfg.jit_cache_dir, cfg.container_tmp_dir) if d]
     if dirs:
         out.append(f"ExecStartPre={command_line(['/usr/bin/mkdir', '-p', *dirs])}\n")
-    # What this start really runs from (the unit and fabric env as they are now, hand edits included):
-    # a converge compares it with what it renders and restarts a service started from anything else.
-    record = (f"mkdir -p {RUN_DIR} && cat {UNIT_DIR}/{cfg.container_name}.container {cfg.fabric_env_file} "
-              f"| sha256sum | cut -d' ' -f1 > {started_from_path(cfg)}")
+    # What this start really runs from: the unit and fabric env as they are now (hand edits included),
+    # and the verified snapshot (its stamp: files' size/inode/mtime). A converge compares both with what
+    # it renders and what is verified now, and restarts a service started from anything else (a repaired
+    # file included: the service may have loaded the bad one).
+    record = (f"mkdir -p {RUN_DIR} && {{ cat {UNIT_DIR}/{cfg.container_name}.container {cfg.fabric_env_file} "
+              f"| sha256sum | cut -d' ' -f1; sha256sum < {STAMP} | cut -d' ' -f1; }} > {started_from_path(cfg)}")
     out.append(f"ExecStartPre={command_line(['/bin/sh', '-c', record])}\n")
     out += [f"TimeoutStartSec={cfg.service_timeout_start_sec}\n", f"TimeoutStopSec={cfg.service_timeout_stop_sec}\n",
             "Restart=on-failure\n", f"RestartSec={cfg.service_restart_sec}\n", f"LimitMEMLOCK={memlock}\n",
@@ -280,7 +282,8 @@ def vllm_accepts(unit_path: str, unit_text: str, check: str | None):
 @operation()
 def service_current(service: str, started_from: str, fingerprint: str, act: bool = True):
     """Start ``service`` if it is down; restart it if it started from anything but the rendered unit and
-    fabric env (a converge change, or a hand edit that was applied); else leave it alone.
+    fabric env (a converge change, or a hand edit that was applied) or from another verified snapshot
+    (files repaired since it started); else leave it alone.
     The model gate runs first so a bad snapshot is reported here, not only in the journal.
 
     + service: the generated service name
@@ -292,10 +295,15 @@ def service_current(service: str, started_from: str, fingerprint: str, act: bool
         host.noop("started in the other rank-ordered step")
         return
     running = host.get_fact(SystemdStatus).get(service)
-    recorded = host.get_fact(Command, command=f"cat {started_from} 2>/dev/null || true")
-    if running and recorded == fingerprint:
-        host.noop(f"{service} running, started from the rendered unit")
+    # three lines: the unit and the snapshot stamp it started from, then the stamp verified now
+    recorded = host.get_fact(Command, command=f"cat {started_from} 2>/dev/null; "
+                                              f"sha256sum < {STAMP} 2>/dev/null | cut -d' ' -f1; true")
+    lines = (recorded or "").splitlines()
+    if running and len(lines) == 3 and lines[0] == fingerprint and lines[1] == lines[2]:
+        host.noop(f"{service} running, started from the rendered unit and the verified snapshot")
         return
+    if running and len(lines) == 3 and lines[0] == fingerprint:
+        logger.info(f"{host.name}: the model snapshot changed since {service} started (repaired files): restarting it")
     yield StringCommand(GATE)
     yield StringCommand("systemctl", "restart" if running else "start", service)
 
@@ -307,15 +315,16 @@ def inference_service():
     head, nodes = cluster_head(members), len(members)
     unit_text = render_container(cfg, head, nodes, [c for _, c in members])
     unit_path = f"{UNIT_DIR}/{cfg.container_name}.container"
+    batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, unit_path)  # read in one round trip
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    atomic_put(name="Install the RoCE GID lookup", src=os.path.join(here, "files/inference_service/roce_gid.py"),
+    atomic_put(batch=batch, name="Install the RoCE GID lookup", src=os.path.join(here, "files/inference_service/roce_gid.py"),
               dest=ROCE_HELPER, user="root", group="root", mode="0755", create_remote_dir=True)
-    atomic_put(name="Install its start-time wrapper",
+    atomic_put(batch=batch, name="Install its start-time wrapper",
               src=StringIO(f"#!/bin/sh\nexec python3 {ROCE_HELPER} \"$@\" --sysfs {cfg.roce_sysfs_root}\n"),
               dest=ROCE_GID, user="root", group="root", mode="0755")
-    atomic_put(name="Install the vLLM command-line check", src=os.path.join(here, "files/inference_service/check_vllm_args.py"),
+    atomic_put(batch=batch, name="Install the vLLM command-line check", src=os.path.join(here, "files/inference_service/check_vllm_args.py"),
               dest=ARGS_CHECK, user="root", group="root", mode="0644", create_remote_dir=True)
-    atomic_put(name="Install the multi-node job probe", src=os.path.join(here, "files/inference_service/job_probe.py"),
+    atomic_put(batch=batch, name="Install the multi-node job probe", src=os.path.join(here, "files/inference_service/job_probe.py"),
               dest=JOB_PROBE, user="root", group="root", mode="0644", create_remote_dir=True)
     for path in (cfg.jit_cache_dir, cfg.container_tmp_dir):
         if path:
@@ -324,7 +333,7 @@ def inference_service():
     check = args_check_command(cfg, vllm_argv(cfg, head, nodes)) if cfg.vllm_launch == "cli" else None
     vllm_accepts(name="Check the new command line with the image's own vLLM", unit_path=unit_path,
                  unit_text=unit_text, check=check)
-    unit = atomic_put(name="Install the Quadlet unit", src=StringIO(unit_text), dest=unit_path,
+    unit = atomic_put(batch=batch, name="Install the Quadlet unit", src=StringIO(unit_text), dest=unit_path,
                       user="root", group="root", mode="0644", create_remote_dir=True)
     systemd.daemon_reload(name="Run the Quadlet generator (daemon-reload)", _if=unit.did_change)
     service = f"{cfg.container_name}.service"

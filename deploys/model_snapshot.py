@@ -38,6 +38,7 @@ DEFAULTS = defaults_of(ModelKeys)  # keys, defaults and meanings: README "Invent
 VERIFIER = "/usr/local/lib/inference-nodes/verify_snapshot.py"
 MANIFEST = "/etc/inference-nodes/model-manifest.json"
 STAMP = "/var/lib/inference-nodes/model-verified.json"
+RECORD = "/var/lib/inference-nodes/model-deep-verify.json"  # verdict and time of the last full re-hash
 GATE = "/usr/local/bin/inference-nodes-model-gate"
 HUB_DOWNLOAD = "/usr/local/lib/inference-nodes/hub_download.py"
 HUB_TOKEN = "/etc/inference-nodes/secrets/hf-token"
@@ -179,7 +180,7 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
     result = model_fanout.recorded_verdict(host.name) if wave > 0 else None  # unchanged since the first wave
     if result is None:
         result = host.get_fact(ModelVerification, verifier=VERIFIER, manifest=MANIFEST, snapshot_dir=snapshot_dir,
-                               stamp=STAMP)
+                               stamp=STAMP, record=RECORD, full=node_config().model_verify_full)
         model_fanout.record_verdict(host.name, result)
     if result.get("ok"):
         host.noop(f"{result['files']} files verified ({result['mode']}), {result['manifest_digest']}")
@@ -224,7 +225,8 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
         yield StringCommand(f"{cfg.model_hub_venv}/bin/python", HUB_DOWNLOAD, QuoteString(cfg.model_repo),
                             cfg.model_revision, cfg.model_layout, QuoteString(dest),
                             QuoteString(cfg.model_hub_endpoint), token)
-    yield StringCommand("python3", VERIFIER, MANIFEST, QuoteString(snapshot_dir), "--stamp", STAMP, "--full")
+    yield StringCommand("python3", VERIFIER, MANIFEST, QuoteString(snapshot_dir), "--stamp", STAMP, "--full",
+                        "--record", RECORD)
 
 
 @deploy("Model snapshot", data_defaults=DEFAULTS)
@@ -237,30 +239,31 @@ def model_snapshot():
         return
     apt.packages(name="Install what the verifier and rsync need", packages=["python3", "rsync"],
                  update=True, cache_time=86400)
+    batch = (VERIFIER, MANIFEST, GATE, HUB_DOWNLOAD, f"{cfg.model_dir}/refs/main", model_fanout.PEER_PULL)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    atomic_put(name="Install the snapshot verifier", src=os.path.join(here, "files/model_snapshot/verify_snapshot.py"),
+    atomic_put(batch=batch, name="Install the snapshot verifier", src=os.path.join(here, "files/model_snapshot/verify_snapshot.py"),
               dest=VERIFIER, user="root", group="root", mode="0755", create_remote_dir=True)
-    atomic_put(name="Install the trusted manifest", src=cfg.model_manifest, dest=MANIFEST,
+    atomic_put(batch=batch, name="Install the trusted manifest", src=cfg.model_manifest, dest=MANIFEST,
               user="root", group="root", mode="0644", create_remote_dir=True)
     files.directory(name="Create the verify stamp directory", path=posixpath.dirname(STAMP),
                     user="root", group="root", mode="0755")
-    atomic_put(name="Install the model start gate", src=StringIO(render_gate(cfg.snapshot_dir)), dest=GATE,
+    atomic_put(batch=batch, name="Install the model start gate", src=StringIO(render_gate(cfg.snapshot_dir)), dest=GATE,
               user="root", group="root", mode="0755")
     if cfg.model_sync_mode == "hub":
         apt.packages(name="Install python3-venv for the hub client", packages=["python3-venv"],
                      update=True, cache_time=86400)
         hub_client_installed(name=f"Install huggingface_hub {HUB_VERSION} (wheels from the control node)",
                              venv=cfg.model_hub_venv)
-        atomic_put(name="Install the hub download helper", src=os.path.join(here, "files/model_snapshot/hub_download.py"),
+        atomic_put(batch=batch, name="Install the hub download helper", src=os.path.join(here, "files/model_snapshot/hub_download.py"),
                   dest=HUB_DOWNLOAD, user="root", group="root", mode="0755")
         if cfg.model_hub_token_file:
             secret_file(name="Install the hub token (0600, never printed)", src=cfg.model_hub_token_file,
                         dest=HUB_TOKEN)
     if cfg.model_layout == "hf_cache":
-        atomic_put(name="Write refs/main (offline loads, cache tools)", src=StringIO(cfg.model_revision),
+        atomic_put(batch=batch, name="Write refs/main (offline loads, cache tools)", src=StringIO(cfg.model_revision),
                   dest=f"{cfg.model_dir}/refs/main", user="root", group="root", mode="0644", create_remote_dir=True)
     if cfg.model_sync_mode == "push":
-        atomic_put(name="Install the peer pull helper (push fan-out)",
+        atomic_put(batch=batch, name="Install the peer pull helper (push fan-out)",
                   src=os.path.join(here, "files/model_snapshot/peer_pull.py"), dest=model_fanout.PEER_PULL,
                   user="root", group="root", mode="0755")
     waves, plan = model_fanout.run_plan()

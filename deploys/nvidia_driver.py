@@ -13,7 +13,7 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
-from pyinfra.facts.server import Arch, OsRelease
+from pyinfra.facts.server import OsRelease
 from pyinfra.operations import apt, server
 from pyinfra.operations.util import any_changed
 
@@ -194,6 +194,7 @@ def driver_loaded(root: str, allow_reboot: bool, reboot_delay: int = 10):
 @deploy("NVIDIA driver", data_defaults=DEFAULTS)
 def nvidia_driver():
     cfg: NodeConfig = node_config()
+    batch = (PIN_FILE, UNATTENDED_FILE, SOURCE_FILE, NOUVEAU_FILE)  # read in one round trip
     branch = cfg.nvidia_driver_branch
     branch_allowed(
         name=f"Refuse a host on another driver branch than {branch}",
@@ -201,12 +202,14 @@ def nvidia_driver():
         allow_change=cfg.allow_driver_change,
     )
     pin = atomic_put(
+        batch=batch,
         name=f"Pin driver packages to branch {branch}, refuse other branches",
         src=StringIO(render_apt_pin(branch)),
         dest=PIN_FILE,
         user="root", group="root", mode="0644",
     )
     atomic_put(
+        batch=batch,
         name="Keep unattended upgrades off the driver",
         src=StringIO(render_unattended_blacklist(cfg)),
         dest=UNATTENDED_FILE,
@@ -227,14 +230,16 @@ def nvidia_driver():
                 fingerprint=cfg.nvidia_repo_key_fingerprint,
                 dest=KEYRING,
             ))
-            repo_path = cuda_repo_path(host.get_fact(OsRelease), host.get_fact(Arch))
+            repo_path = cuda_repo_path(host.get_fact(OsRelease), cfg.node_arch)  # preflight checked the arch
             repo_changes.append(atomic_put(
+                batch=batch,
                 name=f"Add NVIDIA's CUDA repo ({repo_path})",
                 src=StringIO(render_cuda_source(cfg, repo_path)),
                 dest=SOURCE_FILE,
                 user="root", group="root", mode="0644",
             ))
         nouveau = atomic_put(
+            batch=batch,
             name="Blacklist nouveau",
             src=StringIO(f"{HEADER}blacklist nouveau\noptions nouveau modeset=0\n"),
             dest=NOUVEAU_FILE,

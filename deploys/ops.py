@@ -8,10 +8,9 @@ import posixpath
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
-from pyinfra.facts.files import File, Sha1File, Sha256File
-from pyinfra.facts.server import Command
 
 from facts.apt import AptHolds, KeyringFingerprints
+from facts.host import ManagedFiles
 
 
 def flat_repo_source(header: str, uri: str, keyring: str) -> str:
@@ -31,7 +30,7 @@ def fail_host(message: str) -> FunctionCommand:
 
 @operation()
 def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: str = "0644",
-               create_remote_dir: bool = True):
+               create_remote_dir: bool = True, batch: tuple[str, ...] = ()):
     """Like files.put, but a killed run never leaves a half-written file in place: the content is
     uploaded next to ``dest`` and renamed over it (pyinfra writes in place when it does not sudo).
 
@@ -39,6 +38,8 @@ def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: st
     + dest: remote path
     + user, group, mode: ownership and permissions (mode as a string)
     + create_remote_dir: create the parent directory first (as files.put does)
+    + batch: every file the calling deploy manages (``dest`` among them): their state is read in one
+      round trip, once per run (deploys/fact_cache.py)
     """
     if hasattr(src, "read"):
         data = src.read()
@@ -47,10 +48,11 @@ def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: st
     else:
         with open(src, "rb") as f:
             data = f.read()
-    remote = host.get_fact(File, path=dest)
-    if remote and host.get_fact(Sha1File, path=dest) == hashlib.sha1(data).hexdigest() and (
-        remote.get("user"), remote.get("group"), remote.get("mode")
-    ) == (user, group, int(mode)):
+    paths = tuple(batch) if dest in batch else (dest,)
+    remote = host.get_fact(ManagedFiles, paths=paths).get(dest)
+    if remote and (remote["sha1"], remote["user"], remote["group"], remote["mode"]) == (
+        hashlib.sha1(data).hexdigest(), user, group, int(mode)
+    ):
         host.noop(f"{dest} is up to date")
         return
     tmp = posixpath.join(posixpath.dirname(dest), f".{posixpath.basename(dest)}.inference-nodes-tmp")
@@ -115,10 +117,9 @@ def secret_file(src: str, dest: str):
     + dest: node path
     """
     with open(src, "rb") as f:
-        local = hashlib.sha256(f.read()).hexdigest()
-    remote = host.get_fact(Sha256File, path=dest)
-    mode = host.get_fact(Command, command=f"stat -c '%U %a' {dest} 2>/dev/null || true")
-    if remote == local and mode == "root 600":
+        local = hashlib.sha1(f.read()).hexdigest()
+    remote = host.get_fact(ManagedFiles, paths=(dest,)).get(dest)  # content hash, owner and mode: one round trip
+    if remote and (remote["sha1"], remote["user"], remote["mode"]) == (local, "root", 600):
         host.noop(f"{dest} up to date (0600)")
         return
     yield StringCommand("install", "-d", "-m", "0700", "-o", "root", "-g", "root", QuoteString(dest.rsplit("/", 1)[0]))

@@ -15,11 +15,9 @@ import argparse
 import os
 import sys
 
-from deploys import container_runtime, host_tuning, inference_service, model_snapshot, nvidia_driver
+from deploys import container_runtime, host_tuning, inference_service, model_integrity, model_snapshot, nvidia_driver
 from deploys.inventory import inventory_configs, load_inventory
 from deploys.schema import NodeConfig, cluster_head, clusters
-
-DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: list[NodeConfig],
@@ -28,13 +26,15 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: li
     out = {
         nvidia_driver.PIN_FILE: nvidia_driver.render_apt_pin(cfg.nvidia_driver_branch),
         nvidia_driver.UNATTENDED_FILE: nvidia_driver.render_unattended_blacklist(cfg),
-        container_runtime.TOOLKIT_SOURCE: container_runtime.render_toolkit_source(cfg, DEB_ARCH[cfg.node_arch]),
+        container_runtime.TOOLKIT_SOURCE: container_runtime.render_toolkit_source(cfg, container_runtime.DEB_ARCH[cfg.node_arch]),
         container_runtime.REFRESH_ENV: container_runtime.render_refresh_env(cfg),
         container_runtime.REGISTRIES_FILE: container_runtime.render_registries(cfg),
         host_tuning.LIMITS_FILE: host_tuning.render_limits(cfg),
         host_tuning.SYSTEMD_DEFAULTS_FILE: host_tuning.render_systemd_defaults(cfg),
         cfg.fabric_env_file: host_tuning.render_fabric_env(cfg),
         model_snapshot.GATE: model_snapshot.render_gate(cfg.snapshot_dir),
+        f"{model_integrity.UNIT_DIR}/{model_integrity.UNIT}.service": model_integrity.render_service(cfg),
+        f"{model_integrity.UNIT_DIR}/{model_integrity.UNIT}.timer": model_integrity.render_timer(cfg),
         f"{inference_service.UNIT_DIR}/{cfg.container_name}.container":
             inference_service.render_container(cfg, head, nodes, members),
     }

@@ -194,6 +194,37 @@ class ModelKeys(_Keys):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]*$",
     )
     model_peer_port: int = _key(873, description="TCP port of that transient read-only rsync daemon", ge=1, le=65535)
+    model_verify_full: bool = _key(
+        False,
+        description="re-hash every file in this converge even when the stamp matches (`--data model_verify_full=true`); "
+        "a node with no deep-verify record gets a full re-hash anyway",
+    )
+    model_deep_verify_every: Literal["daily", "weekly", "monthly"] = _key(
+        "weekly",
+        description="how often the node's timer (`inference-nodes-model-verify.timer`) re-hashes every file against "
+        "the manifest; the audit fails when the last deep verify is older than this plus the window and 12 h",
+    )
+    model_deep_verify_at: str = _key(
+        "03:00",
+        description="start of the deep verify's window, node local time `HH:MM` (weekly: Sundays; monthly: the 1st)",
+        pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$",
+    )
+    model_deep_verify_window_h: int = _key(
+        4, description="the start is spread at random over this many hours, so a cluster's nodes do not all read "
+        "at once (systemd `RandomizedDelaySec=`)", ge=0, le=23,
+    )
+    model_deep_verify_max_mbps: int | None = _key(
+        None,
+        description="read-rate cap of the deep verify in MB/s (all threads); it runs at nice 19, idle IO class and "
+        "drops the files it read from the page cache either way",
+        ge=10, le=100_000,
+    )
+    model_deep_verify_on_mismatch: Literal["stop", "keep_serving"] = _key(
+        "stop",
+        description="a bad file found by the deep verify (it is named in the journal and the stamp removed): `stop` "
+        "stops the service; `keep_serving` keeps serving what it loaded. Either way it cannot start again until a "
+        "converge repairs the snapshot, and the converge restarts it",
+    )
 
     @model_validator(mode="after")
     def _revision_is_commit(self) -> ModelKeys:

@@ -3,6 +3,7 @@
     pytest tests/audit                                        # inventories/lab.py
     pytest tests/audit --inventory inventories/sandbox.py [--limit GROUP_OR_HOST_GLOB] [-m serving]
     pytest tests/audit --junitxml audit.xml -rf               # JUnit XML; one line per failed promise
+    pytest tests/audit --full-verify                          # + re-hash every model file now (slow)
 
 Audits are read-only: safe to run against production as a drift check. They connect with OpenSSH
 (testinfra's ssh:// backend) using an ssh config generated from the inventory's connection data, so host
@@ -29,6 +30,8 @@ def pytest_addoption(parser):
                      help="pyinfra inventory whose hosts are audited (default: $AUDIT_INVENTORY or inventories/lab.py)")
     parser.addoption("--limit", action="append", default=[],
                      help="a group name or a host-name glob, as pyinfra's --limit (repeatable)")
+    parser.addoption("--full-verify", action="store_true",
+                     help="also re-hash every model file against the manifest on each node (slow; writes nothing)")
 
 
 @dataclass

@@ -16,6 +16,7 @@ from deploys.inference_service import (
     started_from_path,
 )
 from deploys.inventory import inventory_configs, load_inventory
+from deploys.model_snapshot import STAMP
 from deploys.schema import cluster_head, clusters
 
 
@@ -66,8 +67,10 @@ def test_running_container_is_the_rendered_one(node, pytestconfig):
     """What runs, not only what is on disk: a unit edited by hand and applied differs here until a converge."""
     head, nodes = _cluster(node, pytestconfig)
     unit = _expected_unit(node, pytestconfig.getoption("inventory"))
-    started = node.host.run(f"cat {started_from_path(node.cfg)}").stdout.strip()
-    assert started == fingerprint(unit, node.cfg), "the service was started from another unit or fabric env"
+    started = node.host.run(f"cat {started_from_path(node.cfg)}").stdout.split()
+    assert started[:1] == [fingerprint(unit, node.cfg)], "the service was started from another unit or fabric env"
+    stamp_now = node.host.run(f"sha256sum < {STAMP}").stdout.split()[:1]
+    assert started[1:2] == stamp_now, "the service was started from another verified snapshot (repaired since)"
     inspect = node.host.run(f"podman container inspect --format json {node.cfg.container_name}")
     assert inspect.rc == 0, inspect.stderr
     config = json.loads(inspect.stdout)[0]["Config"]

@@ -1,11 +1,17 @@
 """Audit of the model snapshot: the node's start gate passes against the manifest the inventory pins
-(so every rank of a cluster reports the same manifest digest), and the cache layout keeps its ref."""
+(so every rank of a cluster reports the same manifest digest), the cache layout keeps its ref, and the
+scheduled deep verify runs and last found every file good, recently enough (`--full-verify` re-hashes
+every file now as well)."""
 
 import json
+import shlex
+import time
 
 import pytest
 
 from deploys.model_fanout import SEED_DIR, SEED_UNIT
+from deploys.model_integrity import UNIT, UNIT_DIR, max_age_s, render_service, render_timer
+from deploys.model_snapshot import MANIFEST, RECORD, STAMP, VERIFIER
 from files.model_snapshot.verify_snapshot import manifest_digest
 
 
@@ -39,3 +45,35 @@ def test_no_push_seed_or_run_secret_left(node):
     """A push fan-out serves peers only while its run lasts: no daemon, no secret afterwards."""
     assert not node.host.service(SEED_UNIT).is_running
     assert not node.host.file(SEED_DIR).exists
+
+
+def test_deep_verify_timer_is_installed_and_active(node):
+    for suffix, render in ((".service", render_service), (".timer", render_timer)):
+        unit = node.host.file(f"{UNIT_DIR}/{UNIT}{suffix}")
+        assert unit.exists and unit.content_string == render(node.cfg), f"{UNIT}{suffix} is not the rendered one"
+    timer = node.host.service(f"{UNIT}.timer")
+    assert timer.is_enabled and timer.is_running, f"{UNIT}.timer is not enabled and active"
+
+
+def test_last_deep_verify_is_recent_and_found_every_file_good(node):
+    record_file = node.host.file(RECORD)
+    assert record_file.exists, (f"no deep verify recorded ({RECORD}): run `systemctl start {UNIT}.service` on the "
+                                f"node, or converge with --data model_verify_full=true")
+    record = json.loads(record_file.content_string)
+    age = time.time() - record["at"]
+    print(f"{node.name}: last deep verify {age / 3600:.1f} h ago: {record['verdict']}, {record.get('hashed')} files "
+          f"hashed in {record.get('seconds')} s")
+    assert record["verdict"] == "ok", f"the last deep verify found bad files: {'; '.join(record['problems'][:10])}"
+    assert record.get("manifest_digest") == manifest_digest(_manifest(node)), "last verified against another manifest"
+    assert age <= max_age_s(node.cfg), (f"the last deep verify is {age / 3600:.0f} h old; "
+                                        f"model_deep_verify_every={node.cfg.model_deep_verify_every} allows "
+                                        f"{max_age_s(node.cfg) / 3600:.0f} h")
+
+
+def test_every_file_rehashes_to_the_manifest(node, pytestconfig):
+    if not pytestconfig.getoption("full_verify"):
+        pytest.skip("re-hashing every file is slow: pytest tests/audit --full-verify")
+    argv = ["python3", VERIFIER, MANIFEST, node.cfg.snapshot_dir, "--stamp", STAMP, "--full", "--check-only", "--json",
+            "--quiet"]
+    result = json.loads(node.host.run(shlex.join(argv)).stdout.strip().splitlines()[-1])
+    assert result["ok"], "; ".join(result["problems"][:20])

@@ -16,6 +16,8 @@ from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra,
 PLAIN = "/srv/models/DeepSeek-V4-Flash-0731"  # gb10_dspark: plain layout
 CACHE = "/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731"  # rtx_pro_6000_pair: HF cache layout
 SYNC = "Model snapshot | Sync and verify the model snapshot"
+RESTART = "Inference service | Start or update heads and single nodes"
+WORKER_RESTART = "Inference service | Start or update workers (rank > 0) before heads"
 
 
 @pytest.fixture
@@ -54,6 +56,9 @@ def test_corrupt_truncated_and_missing_shards_are_named_and_repaired_alone(sandb
     assert on_node(node, damage).returncode == 0
     shut = gate(node)
     assert shut.returncode == 1 and "changed since it was verified" in shut.stderr
+    for named in ("MODIFIED model-00001-of-00004.safetensors", "SIZE model-00002-of-00004.safetensors: 100 bytes",
+                  "MISSING model-00003-of-00004.safetensors"):  # the gate names what changed
+        assert named in shut.stderr, shut.stderr
 
     present = pyinfra(INVENTORY, "deploys/all.py", "--limit", node, "--data", 'model_sync_mode="present"', check=False)
     assert present.returncode == 1
@@ -63,7 +68,8 @@ def test_corrupt_truncated_and_missing_shards_are_named_and_repaired_alone(sandb
     assert gate(node).returncode == 1, "the gate stays shut while the snapshot is bad"
 
     repaired = pyinfra("-v", "--json", INVENTORY, "deploys/all.py", "--limit", node)
-    assert changed_operations(repaired) == [(SYNC, [node])]
+    # the service may have loaded the bad files before they were found: restarted from the repaired snapshot
+    assert changed_operations(repaired) == [(SYNC, [node]), (RESTART, [node])]
     assert "pushed 3 file(s)" in repaired.stderr
     assert gate(node).returncode == 0
 
@@ -86,7 +92,8 @@ def test_too_little_disk_is_refused_before_fetching(sandbox):
     finally:
         on_node(node, f"umount {PLAIN}")
     changed = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node))
-    assert changed == [(SYNC, [node])]
+    # its model was emptied under the running worker: restarted from the synced snapshot
+    assert changed == [(SYNC, [node]), (WORKER_RESTART, [node])]
     assert gate(node).returncode == 0
 
 
@@ -103,7 +110,8 @@ def test_refused_hub_token_is_a_clear_error_and_never_printed(sandbox, refusing_
     assert proc.returncode == 1
     assert "the hub refused deepseek-ai/DeepSeek-V4-Flash-0731@9e165c30e2704aec5d9d593cce3eebd58bbef1cb (HTTP 401)" in proc.stderr
     assert token not in proc.stdout + proc.stderr
-    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == [(SYNC, [node])]
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == \
+        [(SYNC, [node]), (RESTART, [node])]  # a shard was missing under the running head
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
 
 

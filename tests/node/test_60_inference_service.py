@@ -3,7 +3,9 @@ A's env contract with TP=2 on one node; sandbox-b0 and sandbox-b1 form one TP=2 
 (worker first, then head). Answering on loopback only, untouched by a no-op converge (same PID), checked by
 the image's own vLLM before a unit changes, restored after a hand edit, gated on the verified model, the
 serving gate against the real server (and against the scrambled known-answer model), the compile cache
-reused, a worker that does not outlive its head, and back after a reboot."""
+reused, a worker that does not outlive its head, a silent same-size flip found by the deep verify (service
+stopped, repaired and restarted by the next converge) or by a forced full re-hash under the running
+service, and back after a reboot."""
 
 from __future__ import annotations
 
@@ -182,6 +184,71 @@ def test_corrupted_shard_keeps_the_service_down_until_repaired(sandbox):
     changed = [name for name, _ in changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node))]
     assert "Model snapshot | Sync and verify the model snapshot" in changed
     assert on_node(node, f"systemctl is-active {UNITS[node]}").stdout.strip() == "active"
+
+
+SNAPSHOT_A = ("/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731/snapshots/"
+              "7872f01b1d1fe23eabc4c98b48bffcef5a386062")
+FLIP = ("python3 -c 'import os, sys; p = os.path.realpath(sys.argv[1]); st = os.stat(p); f = open(p, \"r+b\"); "
+        "f.seek(st.st_size // 2); b = f.read(1); f.seek(st.st_size // 2); f.write(bytes([b[0] ^ 1])); f.close(); "
+        "os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns)); st2 = os.stat(p); "
+        "assert (st2.st_size, st2.st_mtime_ns, st2.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)' {}")
+DEEP_VERIFY = "inference-nodes-model-verify.service"
+RECORD = "/var/lib/inference-nodes/model-deep-verify.json"
+
+
+def silent_flip(node: str, shard: str) -> None:
+    """One byte flipped mid-file with size, mtime and inode kept: what the stamp cannot see."""
+    proc = on_node(node, FLIP.format(f"{SNAPSHOT_A}/{shard}"))
+    assert proc.returncode == 0, proc.stderr
+    assert on_node(node, "inference-nodes-model-gate").returncode == 0, "the start gate cannot see a same-size flip"
+
+
+def deep_verify_record(node: str) -> dict:
+    return json.loads(on_node(node, f"cat {RECORD}").stdout)
+
+
+def test_a_silent_flip_is_found_by_the_deep_verify_which_stops_the_service_until_a_converge_repairs(sandbox):
+    node = "sandbox-a"
+    silent_flip(node, "model-00002-of-00004.safetensors")
+    assert on_node(node, f"systemctl start {DEEP_VERIFY}").returncode != 0  # what the timer runs, triggered now
+    journal = on_node(node, f"journalctl -u {DEEP_VERIFY} --no-pager -n 40").stdout
+    assert "HASH model-00002-of-00004.safetensors" in journal and f"stopped {UNITS[node]}" in journal, journal
+    assert on_node(node, f"systemctl is-active {UNITS[node]}").stdout.strip() != "active", "policy stop: stopped"
+    record = deep_verify_record(node)
+    assert record["verdict"] == "bad" and record["problems"][0].startswith("HASH model-00002-of-00004.safetensors")
+    shut = on_node(node, "inference-nodes-model-gate")
+    assert shut.returncode == 1 and "not verified" in shut.stderr, "the stamp is gone: no start from the bad snapshot"
+    audit = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "tests/audit/test_model_snapshot.py",
+                            "--inventory", INVENTORY, "--limit", node, "-k", "deep_verify"],
+                           capture_output=True, text=True, timeout=300)
+    assert audit.returncode == 1 and "the last deep verify found bad files: HASH model-00002" in audit.stdout
+
+    repaired = pyinfra("-v", "--json", INVENTORY, "deploys/all.py", "--limit", node)
+    changed = [name for name, _ in changed_operations(repaired)]
+    assert "Model snapshot | Sync and verify the model snapshot" in changed and "pushed 1 file(s)" in repaired.stderr
+    assert "Inference service | Start or update heads and single nodes" in changed
+    wait_ready(node)
+    assert deep_verify_record(node)["verdict"] == "ok"
+    assert on_node(node, f"systemctl start {DEEP_VERIFY}").returncode == 0  # the timer's run passes again
+    assert gate("--limit", node).returncode == 0
+
+
+def test_a_forced_full_rehash_repairs_under_the_running_service_and_restarts_it(sandbox):
+    node = "sandbox-a"
+    before = main_pid(node)
+    silent_flip(node, "model-00001-of-00004.safetensors")
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == [], \
+        "without a full re-hash a converge cannot see it"
+    forced = pyinfra("-v", "--json", INVENTORY, "deploys/all.py", "--limit", node, "--data", "model_verify_full=true")
+    changed = [name for name, _ in changed_operations(forced)]
+    assert changed == ["Model snapshot | Sync and verify the model snapshot",
+                       "Inference service | Start or update heads and single nodes"], changed
+    assert "HASH model-00001-of-00004.safetensors" in forced.stderr
+    assert "the model snapshot changed since grandpa.service started (repaired files): restarting it" in forced.stderr
+    wait_ready(node)
+    assert main_pid(node) != before, "the service that loaded the bad file was restarted"
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
+    assert gate("--limit", node).returncode == 0
 
 
 def test_scrambled_model_answers_http_200_and_the_gate_names_the_nonsense(sandbox):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -49,6 +50,22 @@ def test_killed_deploy_then_rerun_leaves_no_half_written_file(sandbox):
             assert after_kill[node][path] in (None, converged[path]), f"{node}:{path} half-written"
         assert on_node(node, "find /etc /usr/local -name '*.inference-nodes-tmp' | wc -l").stdout.strip() == "0"
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
+
+
+def test_a_run_killed_between_writing_a_unit_and_reloading_systemd_is_completed_by_the_next(sandbox):
+    """The follow-up is decided from systemd's own state (NeedDaemonReload), not from the write's change."""
+    node, timer = "sandbox-a", "/etc/systemd/system/inference-nodes-model-verify.timer"
+    rendered = on_node(node, f"cat {timer}").stdout
+    other = rendered.replace("OnCalendar=Sun *-*-* 03:00:00", "OnCalendar=Mon *-*-* 05:00:00")
+    assert other != rendered
+    assert on_node(node, f"printf %s {shlex.quote(other)} > {timer} && systemctl daemon-reload").returncode == 0
+    # the killed run: the rendered file is back on disk, systemd was never told
+    assert on_node(node, f"printf %s {shlex.quote(rendered)} > {timer}").returncode == 0
+    calendar = "systemctl show -p TimersCalendar --value inference-nodes-model-verify.timer"
+    assert "Mon" in on_node(node, calendar).stdout
+    changed = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node))
+    assert changed == [("Model integrity | Load the deep verify units", [node])], changed
+    assert "Sun" in on_node(node, calendar).stdout
 
 
 def test_unreachable_node_fails_alone_and_the_others_finish(sandbox, tmp_path):

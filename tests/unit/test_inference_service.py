@@ -71,7 +71,8 @@ def test_golden_deployment_a():
     pre = [v for k, v in c["Service"] if k == "ExecStartPre"]
     assert pre[0] == "/usr/local/bin/inference-nodes-model-gate"  # deliberate: the verify gate first
     assert pre[1] == "/usr/bin/mkdir -p /mnt/data/hf/jit/ds4-v20-r24 /mnt/data/hf/tmp/ds4-v20-r24"
-    assert pre[-1].startswith('/bin/sh -c "mkdir -p /run/inference-nodes && cat /etc/containers/systemd/grandpa.container')
+    assert pre[-1].startswith('/bin/sh -c "mkdir -p /run/inference-nodes && { cat /etc/containers/systemd/grandpa.container')
+    assert "sha256sum < /var/lib/inference-nodes/model-verified.json" in pre[-1]  # the snapshot it starts from
     assert values("Exec") == ["/usr/local/bin/serve-ds4-flash.sh"]  # the image's script builds vLLM's arguments
     assert dict(c["Unit"])["Wants"] == "network-online.target"
 

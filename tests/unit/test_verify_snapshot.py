@@ -1,5 +1,7 @@
 """The node-side verifier on a real huggingface_hub download from the stand-in hub: corrupt, truncated,
-missing, extra and unindexed files are named; the stamp fast path; the start gate."""
+missing, extra and unindexed files are named; the stamp fast path; the start gate names what changed; a
+same-size flip with size, mtime and inode kept passes the stamp and is found by a full re-hash, whose
+verdict is recorded; both hashing paths (in place, streamed) agree; the rate cap holds."""
 
 from __future__ import annotations
 
@@ -10,7 +12,11 @@ import sys
 
 import pytest
 
-from files.model_snapshot.verify_snapshot import gate, manifest_digest, verify
+import hashlib
+import time
+
+from files.model_snapshot import verify_snapshot
+from files.model_snapshot.verify_snapshot import RateLimit, gate, hash_file, manifest_digest, verify
 
 VERIFIER = "files/model_snapshot/verify_snapshot.py"
 
@@ -70,7 +76,7 @@ def test_corrupt_shard_is_named_and_the_gate_closes(snap):
         f.seek(1000)
         f.write(b"\xff\xfe\xfd\xfc")
     ok, message = gate(snap["manifest_path"], snap["dir"], snap["stamp"])
-    assert not ok and "changed since it was verified" in message
+    assert not ok and "changed since it was verified: MODIFIED model-00002-of-00003.safetensors" in message
     result = run(snap)
     assert not result["ok"]
     assert [p.split(":")[0] for p in result["problems"]] == ["HASH model-00002-of-00003.safetensors"]
@@ -130,3 +136,70 @@ def test_cli_exit_codes_and_output(snap):
     assert gated.returncode == 1 and "not verified" in gated.stderr
     usage = subprocess.run([sys.executable, VERIFIER, "/nonexistent.json", snap["dir"]], capture_output=True, text=True)
     assert usage.returncode == 2
+
+
+def _flip_keeping_stat(path: str, offset: int) -> None:
+    """Bit rot: one byte changed in place, size, mtime and inode as they were."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(path).st_ino, os.stat(path).st_size, os.stat(path).st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def test_same_size_flip_passes_the_stamp_and_a_full_rehash_finds_and_records_it(snap, tmp_path):
+    record = tmp_path / "record.json"
+    cli = [sys.executable, VERIFIER, snap["manifest_path"], snap["dir"], "--stamp", snap["stamp"], "--record",
+           str(record), "--quiet"]
+    assert subprocess.run([*cli, "--full"], capture_output=True).returncode == 0
+    assert json.loads(record.read_text())["verdict"] == "ok"
+    stamp_before = open(snap["stamp"], "rb").read()
+    blob = _blob(snap, "model-00001-of-00003.safetensors")
+    _flip_keeping_stat(blob, os.path.getsize(blob) // 2)
+    assert gate(snap["manifest_path"], snap["dir"], snap["stamp"])[0], "the stamp cannot see a same-size flip"
+    assert subprocess.run(cli, capture_output=True).returncode == 0  # stamp mode: no re-hash, no new record
+    assert json.loads(record.read_text())["verdict"] == "ok"
+    found = subprocess.run([*cli, "--full"], capture_output=True, text=True)
+    assert found.returncode == 1 and "HASH model-00001-of-00003.safetensors" in found.stdout
+    verdict = json.loads(record.read_text())
+    assert verdict["verdict"] == "bad" and verdict["problems"][0].startswith("HASH model-00001-of-00003.safetensors")
+    assert time.time() - verdict["at"] < 60
+    assert not os.path.exists(snap["stamp"])
+    ok, message = gate(snap["manifest_path"], snap["dir"], snap["stamp"])
+    assert not ok and "not verified" in message
+    _flip_keeping_stat(blob, os.path.getsize(blob) // 2)  # flipped back: good again, the same stamp as before
+    assert subprocess.run([*cli, "--full"], capture_output=True).returncode == 0
+    assert open(snap["stamp"], "rb").read() == stamp_before, "an unchanged snapshot re-verified writes the same stamp"
+
+
+def test_check_only_writes_and_deletes_nothing(snap, tmp_path):
+    assert run(snap)["ok"]
+    stamp = open(snap["stamp"], "rb").read()
+    blob = _blob(snap, "model-00002-of-00003.safetensors")
+    _flip_keeping_stat(blob, 7)
+    result = verify(snap["manifest_path"], snap["dir"], snap["stamp"], full=True, write=False)
+    assert not result["ok"] and open(snap["stamp"], "rb").read() == stamp
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["in-place-mmap", "streamed-read"])
+def test_both_hashing_paths_give_the_file_digest(tmp_path, monkeypatch, cached):
+    data = os.urandom(3 * verify_snapshot.MAP_WINDOW + 12345)
+    path = tmp_path / "shard"
+    path.write_bytes(data)
+    monkeypatch.setattr(verify_snapshot, "is_cached", lambda fd, size: cached)
+    assert hash_file(str(path), "sha256", len(data)) == hashlib.sha256(data).hexdigest()
+    assert hash_file(str(path), "git_sha1", len(data)) == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert hash_file(str(empty), "sha256", 0) == hashlib.sha256(b"").hexdigest()
+
+
+def test_rate_cap_spreads_the_reads(tmp_path):
+    path = tmp_path / "shard"
+    path.write_bytes(os.urandom(3 << 20))
+    t0 = time.monotonic()
+    hash_file(str(path), "sha256", 3 << 20, RateLimit(10e6))
+    assert time.monotonic() - t0 >= (3 << 20) / 10e6 * 0.9

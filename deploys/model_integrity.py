@@ -1,0 +1,103 @@
+"""Model integrity over time: a systemd timer on every node re-hashes the whole snapshot against the pinned
+manifest (bit rot, a bad copy, a careless `dd conv=notrunc`: what the stamp's size/mtime/inode cannot see).
+
+The run is low impact (nice 19, idle IO class, batch CPU policy, optional read-rate cap, files it read
+dropped from the page cache again) and records its verdict and time in RECORD, which the audit reads.
+On a mismatch the verifier names the files in the journal and removes the stamp, so the service cannot
+start again from the bad snapshot; with `model_deep_verify_on_mismatch: stop` it also stops the service.
+The next converge repairs the files and restarts the service (its started-from record holds the stamp).
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.facts.server import Command
+from pyinfra.operations import systemd
+
+from deploys.inventory import node_config
+from deploys.model_snapshot import MANIFEST, RECORD, STAMP, VERIFIER
+from deploys.ops import atomic_put
+from deploys.schema import NodeConfig
+from deploys.unit_text import command_line
+
+UNIT = "inference-nodes-model-verify"
+UNIT_DIR = "/etc/systemd/system"
+PERIOD_DAYS = {"daily": 1, "weekly": 7, "monthly": 31}
+CALENDAR = {"daily": "*-*-*", "weekly": "Sun *-*-*", "monthly": "*-*-01"}
+SLACK_S = 12 * 3600  # a long run, a node rebooting through its window (Persistent= catches up at boot)
+
+
+def max_age_s(cfg: NodeConfig) -> int:
+    """How old the last deep verify may be before the audit fails."""
+    return PERIOD_DAYS[cfg.model_deep_verify_every] * 86400 + cfg.model_deep_verify_window_h * 3600 + SLACK_S
+
+
+def verify_argv(cfg: NodeConfig) -> list[str]:
+    argv = ["/usr/bin/python3", VERIFIER, MANIFEST, cfg.snapshot_dir, "--stamp", STAMP, "--full",
+            "--record", RECORD, "--drop-cold", "--quiet"]
+    if cfg.model_deep_verify_max_mbps:
+        argv += ["--max-rate", str(cfg.model_deep_verify_max_mbps)]
+    if cfg.model_deep_verify_on_mismatch == "stop":
+        argv += ["--stop-service", f"{cfg.container_name}.service"]
+    return argv
+
+
+def render_service(cfg: NodeConfig) -> str:
+    return (
+        "# Managed by inference-nodes (deploys/model_integrity.py); local edits are overwritten.\n"
+        "[Unit]\n"
+        "Description=inference-nodes: re-hash the model snapshot against the pinned manifest\n"
+        f"ConditionPathExists={MANIFEST}\n"
+        "\n[Service]\n"
+        "Type=oneshot\n"
+        f"ExecStart={command_line(verify_argv(cfg))}\n"
+        "Nice=19\n"
+        "CPUSchedulingPolicy=batch\n"
+        "IOSchedulingClass=idle\n"
+    )
+
+
+def render_timer(cfg: NodeConfig) -> str:
+    return (
+        "# Managed by inference-nodes (deploys/model_integrity.py); local edits are overwritten.\n"
+        "[Unit]\n"
+        "Description=inference-nodes: scheduled deep verify of the model snapshot\n"
+        "\n[Timer]\n"
+        f"OnCalendar={CALENDAR[cfg.model_deep_verify_every]} {cfg.model_deep_verify_at}:00\n"
+        f"RandomizedDelaySec={cfg.model_deep_verify_window_h}h\n"
+        "Persistent=true\n"
+        "\n[Install]\n"
+        "WantedBy=timers.target\n"
+    )
+
+
+@operation()
+def units_loaded(units: list[str]):
+    """Reload systemd when any of ``units`` changed on disk since it was loaded (systemd's own
+    NeedDaemonReload): decided from state, so a run killed after writing a unit still reloads next time.
+
+    + units: unit names
+    """
+    needs = host.get_fact(Command, command=f"systemctl show -p NeedDaemonReload --value {' '.join(units)}")
+    if "yes" not in (needs or "").split():
+        host.noop(f"systemd has loaded {', '.join(units)} as they are on disk")
+        return
+    yield StringCommand("systemctl", "daemon-reload")
+
+
+@deploy("Model integrity")
+def model_integrity():
+    cfg: NodeConfig = node_config()
+    if cfg.model_manifest is None:
+        return  # the model deploy refuses the host already
+    batch = (f"{UNIT_DIR}/{UNIT}.service", f"{UNIT_DIR}/{UNIT}.timer")  # read in one round trip
+    atomic_put(batch=batch, name="Install the deep verify service", src=StringIO(render_service(cfg)),
+               dest=f"{UNIT_DIR}/{UNIT}.service", user="root", group="root", mode="0644")
+    atomic_put(batch=batch, name="Install its timer", src=StringIO(render_timer(cfg)), dest=f"{UNIT_DIR}/{UNIT}.timer",
+               user="root", group="root", mode="0644")
+    units_loaded(name="Load the deep verify units", units=[f"{UNIT}.service", f"{UNIT}.timer"])
+    systemd.service(name="Enable and start the deep verify timer", service=f"{UNIT}.timer", running=True,
+                    enabled=True)

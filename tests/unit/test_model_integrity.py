@@ -1,0 +1,47 @@
+"""The deep verify's units, from typed keys: when it runs, how gently, what it does on a mismatch, and how
+old the audit lets its last verdict be."""
+
+import pytest
+from pydantic import ValidationError
+
+from deploys.model_integrity import max_age_s, render_service, render_timer, verify_argv
+from deploys.inference_service import unit_sections
+from deploys.schema import NodeConfig
+from tests.unit.profiles import profile
+
+
+def cfg(**changes) -> NodeConfig:
+    return NodeConfig.model_validate({**profile("rtx_pro_6000_pair"), **changes})
+
+
+def test_default_is_weekly_in_a_night_window_and_stops_the_service_on_a_mismatch():
+    c = cfg()
+    timer = dict(unit_sections(render_timer(c))["Timer"])
+    assert timer == {"OnCalendar": "Sun *-*-* 03:00:00", "RandomizedDelaySec": "4h", "Persistent": "true"}
+    service = dict(unit_sections(render_service(c))["Service"])
+    assert service["Nice"] == "19" and service["IOSchedulingClass"] == "idle" and service["Type"] == "oneshot"
+    argv = verify_argv(c)
+    assert argv[argv.index("--stop-service") + 1] == f"{c.container_name}.service"
+    assert {"--full", "--drop-cold", "--record"} <= set(argv) and "--max-rate" not in argv
+    assert max_age_s(c) == 7 * 86400 + 4 * 3600 + 12 * 3600
+
+
+@pytest.mark.parametrize("every,calendar,days", [("daily", "*-*-* 01:30:00", 1), ("monthly", "*-*-01 01:30:00", 31)])
+def test_interval_window_rate_and_policy_keys(every, calendar, days):
+    c = cfg(model_deep_verify_every=every, model_deep_verify_at="01:30", model_deep_verify_window_h=0,
+            model_deep_verify_max_mbps=200, model_deep_verify_on_mismatch="keep_serving")
+    assert dict(unit_sections(render_timer(c))["Timer"])["OnCalendar"] == calendar
+    argv = verify_argv(c)
+    assert argv[argv.index("--max-rate") + 1] == "200" and "--stop-service" not in argv
+    assert max_age_s(c) == days * 86400 + 12 * 3600
+
+
+@pytest.mark.parametrize("key,value", [
+    ("model_deep_verify_at", "3:00"), ("model_deep_verify_at", "24:00"), ("model_deep_verify_at", "03:00\n"),
+    ("model_deep_verify_at", "03:00; rm -rf /"), ("model_deep_verify_every", "hourly"),
+    ("model_deep_verify_window_h", 24), ("model_deep_verify_max_mbps", 0),
+    ("model_deep_verify_on_mismatch", "ignore"),
+])
+def test_bad_schedule_values_are_refused(key, value):
+    with pytest.raises(ValidationError, match=key):
+        cfg(**{key: value})
