@@ -205,7 +205,7 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
         out.append(f"Exec={command_line(argv)}\n")
     out += ["\n[Service]\n", f"ExecStartPre={GATE}\n"]
     if fabric:  # RoCE v2 GID indices differ per node and move after reboots: read them at every start
-        out.append(f"ExecStartPre={ROCE_GID} {ROCE_ENV} {cfg.fabric_address}\n")
+        out.append(f"ExecStartPre={command_line([ROCE_GID, ROCE_ENV, cfg.fabric_address or ''])}\n")
     dirs = [d for d in (cfg.jit_cache_dir, cfg.container_tmp_dir) if d]
     if dirs:
         out.append(f"ExecStartPre={command_line(['/usr/bin/mkdir', '-p', *dirs])}\n")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -30,20 +31,54 @@ from pydantic import (
 )
 from pyinfra.api.exceptions import DeployError
 
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+HEX40 = re.compile(r"[0-9a-f]{40}")  # patterns are used with fullmatch: `$` would accept a trailing newline
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
-# host.data also carries pyinfra's own keys (connector settings, global-argument defaults); they are
-# not ours to validate. Everything else must be a schema key, so a typo is an error, not a silent default.
-PYINFRA_KEY_PREFIXES = ("_", "ssh_", "docker_", "podman_", "chroot_", "fake_", "local_", "vagrant_")
+
+def _pyinfra_keys() -> frozenset[str]:
+    """pyinfra's own host-data keys: every installed connector's data keys and the global arguments
+    (`_sudo`, ...). host.data carries them beside ours; everything else must be a schema key, so a typo
+    (`podman_min_versoin`) is an error, not a silently ignored value."""
+    from importlib.metadata import entry_points
+
+    from pyinfra.api.arguments import all_global_arguments
+
+    keys = {name for name, _ in all_global_arguments() if name.startswith("_")}
+    for ep in entry_points(group="pyinfra.connectors"):
+        try:
+            keys |= set(getattr(ep.load(), "data_meta", None) or {})
+        except Exception:  # a broken third-party connector must not break validation
+            continue
+    return frozenset(keys)
+
+
+PYINFRA_KEYS = _pyinfra_keys()
+
+# Characters every consumer of a path handles without quoting surprises: Volume= (`:` separates),
+# ExecStartPre= and shells (spaces, quotes, `%`, `$`), rsync (`:` means a remote), globbing.
+_PATH = re.compile(r"/[A-Za-z0-9._+@=,/-]*")
 
 
 def _absolute(value: str) -> str:
     if not PurePosixPath(value).is_absolute() or ".." in PurePosixPath(value).parts:
-        raise ValueError("expected an absolute path without '..'")
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):  # a newline would reach unit and config files
-        raise ValueError("expected a path without control characters")
+        raise ValueError("an absolute path without '..'")
+    if not _PATH.fullmatch(value):
+        raise ValueError("a path of letters, digits and . _ - + @ = , only (no spaces, ':', quotes, '%', '$', "
+                         "control characters or non-ASCII: unit files, Volume= and rsync must read it back unchanged)")
     return str(PurePosixPath(value))
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _is_loopback_host(name: str) -> bool:
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 AbsPath = Annotated[str, AfterValidator(_absolute)]
@@ -55,11 +90,20 @@ def _env_name(value: str) -> str:
     return value
 
 
+# Variable names that carry secrets belong in the secret-file keys, never in a unit or env file.
+# Matched on the name's `_`-separated words: HF_TOKEN and DB_PASSWORD are secrets, MAX_NUM_BATCHED_TOKENS is not.
+SECRET_NAME = re.compile(
+    r"(?i)(.*[_-])?(TOKEN|PASSWORD|PASSWD|PASSPHRASE|SECRET|CREDENTIALS?|APIKEY|AUTH|COOKIE"
+    r"|(API|PRIVATE|ACCESS|SECRET)[_-]KEY)([_-].*)?"
+)
+
+
 def _env_map(value: dict[str, str]) -> dict[str, str]:
-    for name, val in value.items():
+    for name in value:
         _env_name(name)
-        if "\n" in val or "\0" in val:
-            raise ValueError(f"value of {name} contains a newline or NUL")
+        if SECRET_NAME.fullmatch(name):
+            raise ValueError(f"no {name}: a variable named like a secret would be written into a unit file "
+                             "readable on the node; give secrets as files (model_hub_token_file, registry_auth_file)")
     return value
 
 
@@ -87,7 +131,7 @@ def _private_control_file(key: str, path: str) -> None:
 
 
 class _Keys(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
 
 
 class ClusterKeys(_Keys):
@@ -105,34 +149,51 @@ class ClusterKeys(_Keys):
         [0], description="GPU indices this node serves with (CDI `nvidia.com/gpu=N`), unique"
     )
     tensor_parallel_size: int = _key(
-        description="tensor-parallel size; must equal GPUs per node × nodes in the cluster", ge=1
+        description="tensor-parallel size; must equal GPUs per node × nodes in the cluster", ge=1, le=4096
     )
-    node_rank: int = _key(0, description="rank in a multi-node cluster: 0 is the head, 1..N-1 workers", ge=0)
+    node_rank: int = _key(0, description="rank in a multi-node cluster: 0 is the head, 1..N-1 workers", ge=0, le=4095)
     fabric_address: str | None = _key(
         None,
         description="this node's address on the RoCE fabric (VLLM_HOST_IP; the head's is MASTER_ADDR); "
         "required in multi-node clusters",
     )
+    fabric_on_one_host: bool = _key(
+        False,
+        description="the cluster's nodes share one machine's network (test sandboxes only): loopback fabric "
+        "addresses are accepted",
+    )
     nccl_ib_gid_index: int | None = _key(
         None,
         description="pin NCCL_IB_GID_INDEX; unset = read from sysfs when the service starts "
         "(it differs per node and moves after reboots)",
-        ge=0,
+        ge=0, le=255,
     )
 
     @model_validator(mode="after")
     def _gpu_indices_unique(self) -> ClusterKeys:
         if not self.gpu_indices:
             raise _KeyError("gpu_indices", self.gpu_indices, "at least one GPU index")
-        if any(i < 0 for i in self.gpu_indices):
-            raise _KeyError("gpu_indices", self.gpu_indices, "non-negative GPU indices")
+        if any(i < 0 or i > 255 for i in self.gpu_indices):
+            raise _KeyError("gpu_indices", self.gpu_indices, "non-negative GPU indices up to 255")
         if len(set(self.gpu_indices)) != len(self.gpu_indices):
             raise _KeyError("gpu_indices", self.gpu_indices, "unique GPU indices")
-        if self.fabric_address is not None:
-            try:
-                ipaddress.ip_address(self.fabric_address)
-            except ValueError:
-                raise _KeyError("fabric_address", self.fabric_address, "an IPv4 or IPv6 address") from None
+        return self
+
+    @model_validator(mode="after")
+    def _fabric_address_is_unicast(self) -> ClusterKeys:
+        if self.fabric_address is None:
+            return self
+        try:
+            addr = ipaddress.ip_address(self.fabric_address)
+        except ValueError:
+            raise _KeyError("fabric_address", self.fabric_address, "an IPv4 or IPv6 address") from None
+        if (addr.is_unspecified or (addr.is_loopback and not self.fabric_on_one_host) or addr.is_multicast
+                or addr == ipaddress.ip_address("255.255.255.255")):
+            raise _KeyError("fabric_address", self.fabric_address,
+                            "a unicast address of this node on the fabric (not unspecified, loopback, multicast "
+                            "or broadcast: the other nodes must reach it)")
+        if str(addr) != self.fabric_address:
+            raise _KeyError("fabric_address", self.fabric_address, f"the address in canonical form ({addr})")
         return self
 
 
@@ -154,7 +215,7 @@ class ModelKeys(_Keys):
         167.0,
         description="disk the complete snapshot needs (GB, 10^9 bytes); preflight checks free space against "
         "what is still missing",
-        gt=0,
+        gt=0, le=100_000,
     )
 
     model_manifest: str | None = _key(
@@ -228,7 +289,7 @@ class ModelKeys(_Keys):
 
     @model_validator(mode="after")
     def _revision_is_commit(self) -> ModelKeys:
-        if not HEX40.match(self.model_revision):
+        if not HEX40.fullmatch(self.model_revision):
             raise _KeyError("model_revision", self.model_revision, "a 40-hex commit id (lower case)")
         if self.model_manifest is not None:
             import json
@@ -268,7 +329,7 @@ class ImageKeys(_Keys):
     def _pinned(self) -> ImageKeys:
         if "@" in self.image:
             raise _KeyError("image", self.image, "a reference without '@digest' (put the digest in image_digest)")
-        if self.image_digest is not None and not DIGEST.match(self.image_digest):
+        if self.image_digest is not None and not DIGEST.fullmatch(self.image_digest):
             raise _KeyError("image_digest", self.image_digest, "'sha256:' followed by 64 lower-case hex digits")
         if self.image_digest is None and not self.allow_unpinned_image:
             raise _KeyError(
@@ -276,6 +337,16 @@ class ImageKeys(_Keys):
             )
         return self
 
+
+# The service is `<container_name>.service`: it must not be a unit the node or this toolkit already has.
+RESERVED_UNIT_NAMES = frozenset({
+    "nvidia-cdi-refresh", "nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm", "podman",
+    "podman-auto-update", "podman-restart", "podman-clean-transient", "ssh", "sshd", "dbus", "cron", "rsync",
+    "docker", "containerd", "unattended-upgrades", "apt-daily", "apt-daily-upgrade", "networking", "network",
+    "getty", "init", "user", "default", "multi-user", "emergency", "rescue", "reboot", "shutdown",
+})
+RESERVED_UNIT_PREFIXES = ("systemd-", "inference-nodes", "nvidia-", "podman-", "apt-", "dpkg", "user-")
+SYSTEM_DIRS = frozenset({"/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/var", "/run", "/boot", "/root"})
 
 # vLLM flags the unit derives from typed keys (`cli` launch); giving one in vllm_args is a validation error.
 DERIVED_VLLM_FLAGS = {
@@ -288,6 +359,9 @@ DERIVED_VLLM_FLAGS = {
     "--headless": "node_rank > 0",
     "--host": "api_bind_address", "--port": "api_port",
 }
+
+
+SECRET_VLLM_FLAGS = frozenset({"--api-key", "--api_key", "--hf-token", "--hf_token"})
 
 
 def derived_vllm_flag(arg: str) -> str | None:
@@ -303,7 +377,10 @@ def derived_vllm_flag(arg: str) -> str | None:
 class ContainerKeys(_Keys):
     """How the container is run (Quadlet `[Container]`)."""
 
-    container_name: str = _key("inference", description="container and systemd service name", pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    container_name: str = _key(
+        "inference", description="container and systemd service name (not a system or toolkit unit's name)",
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$",
+    )
     container_exec: str | None = _key(None, description="command the container runs (Quadlet `Exec=`); unset = image default")
     container_privileged: bool = _key(False, description="run `--privileged` (deployment A did; least privilege otherwise)")
     container_ipc_host: bool = _key(False, description="share the host's IPC namespace (`--ipc=host`); excludes `container_shm_size`")
@@ -347,9 +424,9 @@ class ContainerKeys(_Keys):
     roce_sysfs_root: AbsPath = _key(
         "/sys", description="sysfs the RoCE GID lookup reads at service start (`/sys`; the sandbox has a stand-in tree)"
     )
-    service_timeout_start_sec: int = _key(3600, description="`TimeoutStartSec=`: first start compiles and loads ~160 GB", ge=1)
-    service_timeout_stop_sec: int = _key(120, description="`TimeoutStopSec=`", ge=1)
-    service_restart_sec: int = _key(30, description="`RestartSec=` after a failure", ge=0)
+    service_timeout_start_sec: int = _key(3600, description="`TimeoutStartSec=`: first start compiles and loads ~160 GB", ge=1, le=7 * 86400)
+    service_timeout_stop_sec: int = _key(120, description="`TimeoutStopSec=`", ge=1, le=86400)
+    service_restart_sec: int = _key(30, description="`RestartSec=` after a failure", ge=0, le=86400)
     service_worker_grace_sec: int = _key(
         120, description="multi-node workers: seconds after start before a head that does not answer on "
         "`vllm_master_port` gets the worker killed and restarted (`HealthStartPeriod=`)", ge=10, le=86400,
@@ -375,6 +452,10 @@ class ContainerKeys(_Keys):
                 raise _KeyError("container_exec", self.container_exec,
                                 "unset with vllm_launch cli (the command is vllm_command + derived flags + vllm_args)")
             for arg in self.vllm_args:
+                if arg.split("=", 1)[0] in SECRET_VLLM_FLAGS or looks_secret(arg):
+                    raise _KeyError("vllm_args", arg, "no secrets on the command line (it is in the unit file and "
+                                    "in `ps`): the API stays on loopback behind an authenticating proxy; hub "
+                                    "tokens go in model_hub_token_file")
                 flag = derived_vllm_flag(arg)
                 if flag:
                     raise _KeyError("vllm_args", arg,
@@ -382,7 +463,29 @@ class ContainerKeys(_Keys):
         return self
 
     @model_validator(mode="after")
+    def _mounts_distinct(self) -> ContainerKeys:
+        """The container's mounts neither coincide nor nest (a writable mount inside the read-only model
+        mount would make part of it writable), and none covers a directory the image itself needs."""
+        mounts = [("model_mount", self.model_mount)]
+        if self.jit_cache_dir:
+            mounts.append(("jit_cache_mount", self.jit_cache_mount))
+        if self.container_tmp_dir:
+            mounts.append(("container_tmp_mount", self.container_tmp_mount))
+        for key, mount in mounts:
+            if mount in SYSTEM_DIRS or any(_inside(mount, d) for d in ("/proc", "/sys", "/dev")):
+                raise _KeyError(key, mount, "a mount point of its own, not / or a system directory of the image")
+        for i, (key, mount) in enumerate(mounts):
+            for other_key, other in mounts[:i]:
+                if _inside(mount, other) or _inside(other, mount):
+                    raise _KeyError(key, mount, f"a mount point apart from {other_key} ({other}): neither may "
+                                    "contain the other")
+        return self
+
+    @model_validator(mode="after")
     def _container_rules(self) -> ContainerKeys:
+        if self.container_name in RESERVED_UNIT_NAMES or self.container_name.startswith(RESERVED_UNIT_PREFIXES):
+            raise _KeyError("container_name", self.container_name,
+                            "a name of its own: the service would replace or shadow a system or toolkit unit")
         if self.container_ipc_host and self.container_shm_size is not None:
             raise _KeyError(
                 "container_shm_size",
@@ -410,7 +513,7 @@ class HostTuningKeys(_Keys):
         "unlimited", description="locked-memory limit in bytes or `unlimited` (RDMA and pinned host memory need it)"
     )
     limits_nofile: int = _key(1048576, description="open-files limit (soft = hard)", ge=1024, le=1048576)
-    limits_stack: int = _key(67108864, description="stack size limit in bytes (soft = hard)", ge=8388608)
+    limits_stack: int = _key(67108864, description="stack size limit in bytes (soft = hard)", ge=8388608, le=2**40)
     fabric_env: EnvMap = _key(
         {},
         description="UCX_*/NCCL_* settings written to `fabric_env_file` (e.g. `UCX_MEM_MMAP_HOOK_MODE`, `NCCL_IB_HCA`)",
@@ -419,16 +522,16 @@ class HostTuningKeys(_Keys):
         "/etc/inference-nodes/fabric.env", description="env file the service reads for the fabric settings"
     )
     kv_offload_gib: float = _key(
-        0, description="KV cache offloaded to an mmap file in /dev/shm (GiB, all ranks of the node)", ge=0
+        0, description="KV cache offloaded to an mmap file in /dev/shm (GiB, all ranks of the node)", ge=0, le=65536
     )
-    shm_headroom_gib: float = _key(1, description="/dev/shm needed beyond the KV offload (NCCL, IPC buffers), GiB", ge=0)
+    shm_headroom_gib: float = _key(1, description="/dev/shm needed beyond the KV offload (NCCL, IPC buffers), GiB", ge=0, le=65536)
 
     @model_validator(mode="after")
     def _fabric_rules(self) -> HostTuningKeys:
-        if isinstance(self.limits_memlock, int) and self.limits_memlock < 65536:
-            raise _KeyError("limits_memlock", self.limits_memlock, "'unlimited' or at least 65536 bytes")
+        if isinstance(self.limits_memlock, int) and not 65536 <= self.limits_memlock <= 2**62:
+            raise _KeyError("limits_memlock", self.limits_memlock, "'unlimited' or 65536 to 2^62 bytes")
         for name in self.fabric_env:
-            if not re.match(r"^(UCX|NCCL)_[A-Z0-9_]+$", name):
+            if not re.fullmatch(r"(UCX|NCCL)_[A-Z0-9_]+", name):
                 raise _KeyError("fabric_env", name, "only UCX_* and NCCL_* variables")
             if name == "NCCL_IB_GID_INDEX":
                 raise _KeyError(
@@ -590,6 +693,31 @@ class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKey
     """Every key for one node, validated. Derived values are properties."""
 
     @model_validator(mode="after")
+    def _writable_dirs_outside_model(self) -> NodeConfig:
+        """The JIT and tmp directories are mounted writable: inside (or above) the model directory they
+        would make the read-only snapshot writable from the container."""
+        dirs = [(k, getattr(self, k)) for k in ("jit_cache_dir", "container_tmp_dir") if getattr(self, k)]
+        for key, path in dirs:
+            if _inside(path, self.model_dir) or _inside(self.model_dir, path):
+                raise _KeyError(key, path, f"a directory outside the model directory {self.model_dir} (it is "
+                                "mounted writable)")
+            if path in SYSTEM_DIRS:
+                raise _KeyError(key, path, "a directory of its own, not a system directory")
+        if len(dirs) == 2 and (_inside(dirs[0][1], dirs[1][1]) or _inside(dirs[1][1], dirs[0][1])):
+            raise _KeyError("container_tmp_dir", dirs[1][1], f"a directory apart from jit_cache_dir ({dirs[0][1]})")
+        return self
+
+    @model_validator(mode="after")
+    def _token_never_in_clear(self) -> NodeConfig:
+        from urllib.parse import urlsplit
+
+        url = urlsplit(self.model_hub_endpoint)
+        if self.model_hub_token_file and url.scheme == "http" and not _is_loopback_host(url.hostname or ""):
+            raise _KeyError("model_hub_endpoint", self.model_hub_endpoint,
+                            "an https:// endpoint: a hub token is never sent over plain HTTP except to loopback")
+        return self
+
+    @model_validator(mode="after")
     def _cross_component(self) -> NodeConfig:
         offload = self.service_env.get("KV_OFFLOADING_SIZE")
         if offload is not None:
@@ -662,7 +790,52 @@ class _KeyError(ValueError):
 
     def __init__(self, key: str, value: Any, expected: str):
         self.key, self.value, self.expected = key, value, expected
-        super().__init__(f"{key}: {value!r}: expected {expected}")
+        super().__init__(f"{key}: {shown_value(key, value)}: expected {expected}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Showing a bad value without ever showing a secret
+
+# Keys whose value is a control-node path to a secret: a value that is not a path may be the secret itself.
+SECRET_FILE_KEYS = ("model_hub_token_file", "registry_auth_file")
+# Well-known token shapes (Hugging Face, GitHub, GitLab, OpenAI-style, AWS, Slack, JWT) and any long run of
+# mixed-case letters and digits (a random secret) that is not plain hex (commits and digests are shown).
+_TOKEN = re.compile(
+    r"(hf_|gh[pousr]_|github_pat_|glpat-|sk-|xox[abprs]-)[A-Za-z0-9_-]{12,}|AKIA[0-9A-Z]{16}"
+    r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
+    r"|(?<![A-Za-z0-9+=])(?=[A-Za-z0-9+=]*[a-z])(?=[A-Za-z0-9+=]*[A-Z])(?=[A-Za-z0-9+=]*[0-9])[A-Za-z0-9+=]{32,}"
+)
+HIDDEN = "<hidden: looks like a secret>"
+
+
+def looks_secret(text: str) -> bool:
+    return bool(_TOKEN.search(text))
+
+
+def shown_value(key: str, value: Any) -> str:
+    """``value`` as an error message may show it: secrets (by the key's name, by their shape, or a
+    secret-file key given something that is not a path) are replaced by a placeholder."""
+    base = key.split("[", 1)[0]
+    if base in SECRET_FILE_KEYS and value is not None and not (isinstance(value, str) and _PATH.fullmatch(value)):
+        return "<hidden: not a path; the key takes a control-node file holding the secret>"
+    if base not in SECRET_FILE_KEYS and SECRET_NAME.fullmatch(base):
+        return "<hidden: the key is named like a secret>"
+    return repr(_redacted(value))
+
+
+class _Hidden(str):
+    def __repr__(self) -> str:
+        return HIDDEN
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return _Hidden() if looks_secret(value) else value
+    if isinstance(value, dict):
+        return {k: (_Hidden() if SECRET_NAME.fullmatch(str(k)) else _redacted(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_redacted(v) for v in value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -673,7 +846,7 @@ class Problem:
     expected: str
 
     def __str__(self) -> str:
-        shown = "<missing>" if self.value is _MISSING else repr(self.value)
+        shown = "<missing>" if self.value is _MISSING else shown_value(self.key, self.value)
         return f"host {self.host}: key '{self.key}' = {shown}: expected {self.expected}"
 
 
@@ -691,8 +864,55 @@ class InventoryValidationError(DeployError):
         )
 
 
+# --------------------------------------------------------------------------------------------------
+# pydantic's errors, as sentences that name the key
+
+
+def _unprintable(text: str) -> bool:
+    """Control, format (zero-width, bidi override) and line/paragraph separator characters: no unit file,
+    env file, shell or terminal reads them back as written."""
+    return any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in text)
+
+
+def _strings(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+def _expected_from(err: dict) -> str:
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "string_pattern_mismatch":
+        return f"a value matching {err['ctx']['pattern']}"
+    for prefix in ("Input should be ", "String should have ", "String should be ", "List should have ",
+                   "Dictionary should have ", "expected "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+            break
+    if msg.startswith(("greater than", "less than")):
+        msg = f"a number {msg}"
+    elif msg.startswith(("at least", "at most")):
+        msg = f"a value with {msg}"
+    return msg.replace("a finite number", "a finite number (not inf or nan)")
+
+
+def _union_field(key: str) -> bool:
+    import types
+    import typing
+
+    field = NodeConfig.model_fields.get(key)
+    return field is not None and typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
+
+
 def _problems_from(host: str, data: dict[str, Any], error: ValidationError) -> list[Problem]:
-    out = []
+    out: list[Problem] = []
+    union_expected: dict[str, list[str]] = {}
     for err in error.errors():
         ctx_err = (err.get("ctx") or {}).get("error")
         if isinstance(ctx_err, _KeyError):
@@ -703,17 +923,27 @@ def _problems_from(host: str, data: dict[str, Any], error: ValidationError) -> l
         if err["type"] == "missing":
             out.append(Problem(host, key, _MISSING, f"a value ({_describe(key)})"))
         elif err["type"] == "extra_forbidden" and len(loc) == 1:
-            out.append(Problem(host, key, data.get(key), "no such key: a typo? (see the README's key table)"))
+            out.append(Problem(host, key, data.get(key), _unknown_key(key)))
+        elif len(loc) >= 2 and _union_field(key) and not loc[1].isdigit():
+            # one error per member of the union (loc names the member's type): one problem for the key
+            union_expected.setdefault(key, []).append(_expected_from(err))
         else:
             where = key + "".join(f"[{p}]" for p in loc[1:])
-            if err["type"] == "extra_forbidden":
-                expected = "no such field: a typo?"
-            elif err["type"] == "string_pattern_mismatch":
-                expected = f"a value matching {err['ctx']['pattern']} ({_describe(key)})"
-            else:
-                expected = err["msg"].removeprefix("Value error, ")
+            expected = "no such field: a typo?" if err["type"] == "extra_forbidden" else _expected_from(err)
+            if err["type"] == "string_pattern_mismatch":
+                expected += f" ({_describe(key)})"
             out.append(Problem(host, where, err.get("input"), expected))
+    for key, alternatives in union_expected.items():
+        out.append(Problem(host, key, data.get(key), " or ".join(dict.fromkeys(alternatives))))
     return out
+
+
+def _unknown_key(key: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, [*NodeConfig.model_fields, *PYINFRA_KEYS], n=1, cutoff=0.75)
+    hint = f"did you mean '{close[0]}'?" if close else "a typo?"
+    return f"no such key ({hint} see the README's key table; pyinfra's own keys are its connectors' and global arguments')"
 
 
 def _describe(key: str) -> str:
@@ -723,11 +953,23 @@ def _describe(key: str) -> str:
 
 def schema_data(data: dict[str, Any]) -> dict[str, Any]:
     """The part of a host's data the schema owns (pyinfra's own connector/argument keys dropped)."""
-    return {k: v for k, v in data.items() if not k.startswith(PYINFRA_KEY_PREFIXES)}
+    return {k: v for k, v in data.items() if k not in PYINFRA_KEYS}
 
 
 def parse_node(host: str, data: dict[str, Any]) -> tuple[NodeConfig | None, list[Problem]]:
     data = schema_data(data)
+    unprintable = [Problem(host, key, value, "no control characters (newline, tab, NUL, escape, zero-width or "
+                                             "bidi marks): unit and env files cannot carry them safely")
+                   for key, value in data.items() if any(_unprintable(s) for s in _strings(value))]
+    if unprintable:  # the other keys are still checked; these are reported once, never echoed raw elsewhere
+        bad = {p.key for p in unprintable}
+        rest = {k: v for k, v in data.items() if k not in bad}
+        try:
+            NodeConfig.model_validate(rest)
+            return None, unprintable
+        except ValidationError as e:
+            others = [p for p in _problems_from(host, rest, e) if p.key.split("[", 1)[0] not in bad]
+            return None, unprintable + others
     try:
         return NodeConfig.model_validate(data), []
     except ValidationError as e:
@@ -799,6 +1041,7 @@ def validate_hosts(hosts: dict[str, dict[str, Any]]) -> dict[str, NodeConfig]:
         problems += errs
         if cfg is not None:
             configs[name] = cfg
+    problems += machine_problems(hosts)
     if not problems:
         problems = cluster_problems(configs)
     if problems:
@@ -806,9 +1049,54 @@ def validate_hosts(hosts: dict[str, dict[str, Any]]) -> dict[str, NodeConfig]:
     return configs
 
 
+def machine_problems(hosts: dict[str, dict[str, Any]]) -> list[Problem]:
+    """One machine (SSH address and port) under two inventory names would get two services on one port."""
+    by_machine: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for name, data in hosts.items():
+        if name.startswith("@"):
+            continue
+        address = str(data.get("ssh_hostname") or name).lower().rstrip(".")
+        by_machine[(address, int(data.get("ssh_port") or 22))].append(name)
+    return [
+        Problem(name, "ssh_hostname", address,
+                f"one inventory name per machine ({address}:{port} is also {', '.join(n for n in names if n != name)})")
+        for (address, port), names in by_machine.items() if len(names) > 1 for name in names
+    ]
+
+
+def group_problems(inventory) -> list[Problem]:
+    """A host in two groups that set one key differently gets whichever pyinfra merges last: name it.
+    Groups holding every host (`all`, the inventory file's own group, applied last) are layers, not rivals
+    (so in a one-host inventory no group is compared)."""
+    problems = []
+    everyone = set(inventory)
+    for host in inventory:
+        own = inventory.get_host_data(host.name) or {}
+        groups = [g for g, members in inventory.groups.items() if host in members and set(members) != everyone]
+        seen: dict[str, tuple[str, Any]] = {}
+        for group in groups:
+            for key, value in (inventory.get_group_data(group) or {}).items():
+                if key in own or key.startswith("__"):
+                    continue
+                if key in seen and seen[key][1] != value:
+                    problems.append(Problem(
+                        host.name, key, value,
+                        f"one value: the host is in groups {seen[key][0]} and {group}, which set it differently "
+                        "(set it on the host, or in one of the groups)"))
+                seen.setdefault(key, (group, value))
+    return problems
+
+
 def validate_inventory(inventory) -> dict[str, NodeConfig]:
     """Validate every host of a pyinfra inventory (all of them, not only those --limit selects)."""
-    return validate_hosts({h.name: h.data.dict() for h in inventory})
+    problems = group_problems(inventory)
+    try:
+        configs = validate_hosts({h.name: h.data.dict() for h in inventory})
+    except InventoryValidationError as e:
+        problems += e.problems
+    if problems:
+        raise InventoryValidationError(problems)
+    return configs
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ __all__ = [
     "node_arch", "model_size_gb", "nvidia_repo_url", "nvidia_repo_key_url", "nvidia_repo_key_fingerprint",
     "nvidia_module_root", "allow_reboot", "nvidia_toolkit_repo_url", "nvidia_toolkit_key_url",
     "nvidia_toolkit_key_fingerprint", "registries", "registry_auth_file", "image_digest", "model_hub_endpoint",
-    "model_control_cache", "roce_sysfs_root", "limits_memlock", "limits_nofile",
+    "model_control_cache", "roce_sysfs_root", "limits_memlock", "limits_nofile", "fabric_on_one_host",
 ]
 
 _dir = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
@@ -54,6 +54,8 @@ allow_reboot = True
 # vLLM flags and A's env values are per host in inventories/sandbox.py (they differ per profile).
 # A stand-in RoCE sysfs tree per node (tests/sandbox/node.sh), the fabric address at a node-specific index.
 roce_sysfs_root = "/srv/stand-in-sysfs"
+# The nodes share this machine's network: their fabric addresses are distinct loopback addresses.
+fabric_on_one_host = True
 
 # Every profile's registry is mirrored by the local one (pull by digest goes to the mirror).
 registries = [

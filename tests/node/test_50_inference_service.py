@@ -58,3 +58,64 @@ def test_generated_exec_start_runs_exactly_the_rendered_command_line(sandbox):
             probe = argv[argv.index("--health-cmd") + 1]
             assert probe == "python3 /run/inference-nodes-job-probe.py --port 29500 --role worker"
             assert argv[argv.index("--health-on-failure") + 1] == "kill"
+
+
+# Values an admin could type that systemd or Quadlet would otherwise read differently: quotes, backslashes,
+# specifiers, variables, spaces, non-ASCII, an attempt to smuggle a second --env, an empty argument.
+HOSTILE_ARGS = ["--x", 'a "quoted" b', "back\\slash", "trailing\\", "50%", "%h", "$HOME", "${PATH}", "it's",
+                "a;b && c", "", "modèle-ü-日本", "--y=1 --z=2"]
+HOSTILE_ENV = {"MODE": 'x" "LD_PRELOAD=/tmp/evil.so', "PCT": "100%", "VAR": "$PATH", "BS": "a\\b\\",
+               "UNI": "café ✓", "SP": "two words", "Q": "'"}
+
+
+def _hostile_configs():
+    from deploys.schema import validate_hosts
+
+    inv = load_inventory("inventories/lab.py")
+    hosts = {h.name: h.data.dict() for h in inv}
+    for name in ("gb10-b0.lab.example", "gb10-b1.lab.example"):
+        hosts[name]["vllm_args"] = list(hosts[name].get("vllm_args", [])) + HOSTILE_ARGS
+        hosts[name]["service_env"] = {**hosts[name].get("service_env", {}), **HOSTILE_ENV}
+    a = "rtx-pro-a.lab.example"
+    hosts[a]["service_env"] = {**hosts[a]["service_env"], **HOSTILE_ENV}
+    return validate_hosts(hosts)
+
+
+def test_hostile_values_reach_the_process_exactly_as_written(sandbox):
+    """The escaping writer proven end to end: each unit goes through Podman's Quadlet generator, then systemd
+    itself runs the generated ExecStart= (podman swapped for a program that records its argv). The recorded
+    argv holds exactly the intended vLLM arguments after the image and exactly the intended variables."""
+    import json
+
+    from deploys.inference_service import container_argv, service_environment
+    from deploys.schema import cluster_head, clusters
+
+    configs = _hostile_configs()
+    by_cluster = clusters(configs)
+    units = render_cluster(configs)
+    dump = ("#!/usr/bin/python3\nimport json, sys\n"
+            "json.dump(sys.argv[1:], open('/run/argv-dump.json', 'w'), ensure_ascii=False)\n")
+    for host in ("gb10-b0.lab.example", "gb10-b1.lab.example", "rtx-pro-a.lab.example"):
+        cfg = configs[host]
+        members = by_cluster[cfg.cluster_name]
+        head, n = cluster_head(members), len(members)
+        script = (
+            "set -e; d=$(mktemp -d); "
+            f"cat > /usr/local/bin/argv-dump <<'DUMP'\n{dump}DUMP\nchmod 0755 /usr/local/bin/argv-dump\n"
+            f"cat > $d/x.container <<'UNIT'\n{units[host]}UNIT\n"
+            "start=$(QUADLET_UNIT_DIRS=$d /usr/lib/systemd/system-generators/podman-system-generator --dryrun "
+            "| grep '^ExecStart=' | sed 's|^ExecStart=/usr/bin/podman |ExecStart=/usr/local/bin/argv-dump |')\n"
+            "rm -rf $d /run/argv-dump.json\n"
+            "printf '[Service]\\nType=oneshot\\n%s\\n' \"$start\" > /run/systemd/system/argv-dump.service\n"
+            "systemctl daemon-reload && systemctl start argv-dump.service\n"
+            "cat /run/argv-dump.json; rm -f /run/systemd/system/argv-dump.service; systemctl daemon-reload"
+        )
+        proc = subprocess.run([NODE_SH, "ssh", sandbox[0], script], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        argv = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert argv[0] == "run", argv[:3]
+        image = argv.index(cfg.image_ref)
+        assert argv[image + 1:] == container_argv(cfg, head, n), host
+        envs = [argv[i + 1] for i, a in enumerate(argv[:image]) if a == "--env"]
+        assert sorted(envs) == sorted(f"{k}={v}" for k, v in service_environment(cfg, head, n).items()), host
+        assert not any(e.startswith("LD_PRELOAD=") for e in envs)

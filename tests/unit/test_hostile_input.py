@@ -1,0 +1,348 @@
+"""Hostile and careless inventory input: every value below is refused before any connection, with host, key
+and what was expected, and no secret value appears in any message (issue: hostile input)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from deploys.schema import InventoryValidationError, validate_hosts, validate_inventory
+from deploys.inventory import load_inventory
+from tests.unit.profiles import profile
+
+PROFILE_A = profile("rtx_pro_6000_pair")
+PROFILE_B = profile("gb10_dspark")
+REV = "7872f01b1d1fe23eabc4c98b48bffcef5a386062"
+DIGEST = "sha256:" + "a" * 64
+MODEL_DIR = "/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731"
+
+# Secret values used below: none may appear in any message.
+HF = "hf_" + "Qx7Lm2Pz9Kd4Rt8Vb1Nc6Yw3"
+GH = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4"
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.c2lnbmF0dXJl"
+RANDOM = "Zk3vQ9pLw2Xr7Tb5Hn1Mc8Jd4Fs6Gy0A"  # 32 mixed characters, as `openssl rand -base64 24` gives
+SECRETS = [HF, GH, JWT, RANDOM, "s3cr3t-db-pass"]
+
+
+def node_a(**changes) -> dict:
+    data = copy.deepcopy(PROFILE_A)
+    data.update(ssh_hostname="192.0.2.10", _sudo=True)
+    data.update(changes)
+    return {"node-a": data}
+
+
+def pair_b(b0: dict | None = None, b1: dict | None = None) -> dict:
+    out = {}
+    for name, rank, addr, extra in (("node-b0", 0, "198.51.100.20", b0), ("node-b1", 1, "198.51.100.21", b1)):
+        data = copy.deepcopy(PROFILE_B)
+        data.update({"ssh_hostname": f"192.0.2.{20 + rank}", "node_rank": rank, "fabric_address": addr, **(extra or {})})
+        out[name] = data
+    return out
+
+
+C = "no control characters"
+PATH = "a path of letters, digits"
+HIDDEN_SECRET_NAME = "named like a secret"
+CASES: list[tuple[str, dict, str, str]] = [
+    # --- unit-file injection through a command-line item (newline, CR, tab, NUL, ESC, DEL, C1, separators)
+    ("vllm_args newline ExecStartPre", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["--x\nExecStartPre=/bin/evil"]), "vllm_args", C),
+    ("vllm_args carriage return", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["--x\r[Service]"]), "vllm_args", C),
+    ("vllm_args tab", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["--x\tY"]), "vllm_args", C),
+    ("vllm_args NUL", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["--x\0"]), "vllm_args", C),
+    ("vllm_args escape", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["\x1b[2J"]), "vllm_args", C),
+    ("vllm_args DEL", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["a\x7f"]), "vllm_args", C),
+    ("vllm_args C1 next-line", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["a\x85b"]), "vllm_args", C),
+    ("vllm_args line separator", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["a\u2028b"]), "vllm_args", C),
+    ("vllm_args zero-width", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["--max\u200b-model-len"]), "vllm_args", C),
+    ("vllm_args bidi override", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["\u202e--x"]), "vllm_args", C),
+    ("container_exec newline", node_a(container_exec="/serve.sh\nExecStartPre=/bin/evil"), "container_exec", C),
+    ("served_model_name newline", node_a(served_model_name="ds4\n"), "served_model_name", C),
+    # --- environment values and names
+    ("service_env value newline", node_a(service_env={**PROFILE_A["service_env"], "MODE": "x\nLD_PRELOAD=/tmp/e.so"}), "service_env", C),
+    ("service_env name with space", node_a(service_env={**PROFILE_A["service_env"], "BAD NAME": "x"}), "service_env", "environment variable name"),
+    ("service_env name with =", node_a(service_env={**PROFILE_A["service_env"], "A=B": "x"}), "service_env", "environment variable name"),
+    ("service_env name leading digit", node_a(service_env={**PROFILE_A["service_env"], "1X": "x"}), "service_env", "environment variable name"),
+    ("service_env name with dash", node_a(service_env={**PROFILE_A["service_env"], "A-B": "x"}), "service_env", "environment variable name"),
+    ("service_env HF_TOKEN", node_a(service_env={**PROFILE_A["service_env"], "HF_TOKEN": HF}), "service_env", "named like a secret"),
+    ("service_env HUGGING_FACE_HUB_TOKEN", node_a(service_env={**PROFILE_A["service_env"], "HUGGING_FACE_HUB_TOKEN": HF}), "service_env", "named like a secret"),
+    ("service_env password", node_a(service_env={**PROFILE_A["service_env"], "DB_PASSWORD": "s3cr3t-db-pass"}), "service_env", "named like a secret"),
+    ("service_env AWS secret key", node_a(service_env={**PROFILE_A["service_env"], "AWS_SECRET_ACCESS_KEY": RANDOM}), "service_env", "named like a secret"),
+    ("service_env API key", node_a(service_env={**PROFILE_A["service_env"], "OPENAI_API_KEY": RANDOM}), "service_env", "named like a secret"),
+    ("fabric_env secret-looking name", node_a(fabric_env={"NCCL_AUTH_TOKEN": GH}), "fabric_env", "named like a secret"),
+    ("fabric_env LD_PRELOAD", node_a(fabric_env={"LD_PRELOAD": "/x.so"}), "fabric_env", "only UCX_* and NCCL_*"),
+    ("fabric_env name newline", node_a(fabric_env={"NCCL_X\n": "1"}), "fabric_env", C),
+    # --- secrets on the command line
+    ("vllm_args --api-key", pair_b({"vllm_args": ["--api-key", RANDOM]}, {"vllm_args": ["--api-key", RANDOM]}), "vllm_args", "no secrets on the command line"),
+    ("vllm_args --api-key=", pair_b({"vllm_args": [f"--api-key={RANDOM}"]}, {"vllm_args": [f"--api-key={RANDOM}"]}), "vllm_args", "no secrets on the command line"),
+    ("vllm_args hf token value", pair_b({"vllm_args": ["--x", HF]}, {"vllm_args": ["--x", HF]}), "vllm_args", "no secrets on the command line"),
+    # --- secrets where a path belongs, or under unknown keys
+    ("token text as token file", node_a(model_hub_token_file=HF), "model_hub_token_file", "absolute path"),
+    ("auth json as auth file", node_a(registry_auth_file='{"auths": {"r": {"auth": "' + RANDOM + '"}}}'), "registry_auth_file", "absolute path"),
+    ("unknown key holding a token", node_a(hf_token=HF), "hf_token", "no such key"),
+    ("unknown pyinfra-looking key holding a token", node_a(_hf_token=HF), "_hf_token", "no such key"),
+    ("JWT as a typo'd key value", node_a(modle_hub_token=JWT), "modle_hub_token", "no such key"),
+    # --- patterns: a trailing newline never passes
+    ("model_revision trailing newline", node_a(model_revision=REV + "\n"), "model_revision", C),
+    ("model_revision upper case", node_a(model_revision=REV.upper()), "model_revision", "40-hex commit"),
+    ("model_revision branch", node_a(model_revision="main"), "model_revision", "40-hex commit"),
+    ("image_digest trailing newline", node_a(image_digest=DIGEST + "\n"), "image_digest", C),
+    ("image_digest short", node_a(image_digest="sha256:abc"), "image_digest", "64 lower-case hex"),
+    ("image with digest", node_a(image="r.example/v@" + DIGEST), "image", "without '@digest'"),
+    ("image with space", node_a(image="r.example/v x"), "image", "a value matching"),
+    ("model_repo trailing newline", node_a(model_repo="org/name\n"), "model_repo", C),
+    ("model_repo traversal", node_a(model_repo="../etc"), "model_repo", "a value matching"),
+    ("cluster_name upper", node_a(cluster_name="Pair A"), "cluster_name", "a value matching"),
+    ("container_name dots", node_a(container_name="x.service"), "container_name", "a value matching"),
+    ("container_name too long", node_a(container_name="a" * 70), "container_name", "a value matching"),
+    ("nvidia_driver_branch newline", node_a(nvidia_driver_branch="580\n"), "nvidia_driver_branch", C),
+    ("nvidia_driver_branch 590 text", node_a(nvidia_driver_branch="590-server"), "nvidia_driver_branch", "a value matching"),
+    ("deep verify time 24:00", node_a(model_deep_verify_at="24:00"), "model_deep_verify_at", "a value matching"),
+    ("podman version newline", node_a(podman_min_version="4.9.3\n"), "podman_min_version", C),
+    ("toolkit version shell", node_a(nvidia_toolkit_version="1.18.2;id"), "nvidia_toolkit_version", "a value matching"),
+    ("kernel hold with space", node_a(nvidia_kernel_hold="6.8.0 -1"), "nvidia_kernel_hold", "a value matching"),
+    ("driver package with version", node_a(nvidia_driver_packages=["nvidia-open=580.1"]), "nvidia_driver_packages", "Debian package names"),
+    ("peer address shell", node_a(model_peer_address="10.0.0.1; rm -rf /"), "model_peer_address", "a value matching"),
+    ("registry location quote", node_a(registries=[{"prefix": "r.example", "location": 'x"y'}]), "registries[0][location]", "a value matching"),
+    # --- numbers: finite, bounded
+    ("model_size_gb inf", node_a(model_size_gb=float("inf")), "model_size_gb", "finite number"),
+    ("model_size_gb 'inf' string", node_a(model_size_gb="inf"), "model_size_gb", "finite number"),
+    ("model_size_gb nan", node_a(model_size_gb=float("nan")), "model_size_gb", "finite number"),
+    ("kv_offload_gib inf", node_a(kv_offload_gib=float("inf")), "kv_offload_gib", "finite number"),
+    ("shm_headroom_gib huge", node_a(shm_headroom_gib=1e12), "shm_headroom_gib", "less than or equal to"),
+    ("model_size_gb negative", node_a(model_size_gb=-1), "model_size_gb", "greater than 0"),
+    ("timeout huge", node_a(service_timeout_start_sec=10**12), "service_timeout_start_sec", "less than or equal to"),
+    ("restart negative", node_a(service_restart_sec=-5), "service_restart_sec", "greater than or equal to 0"),
+    ("stack huge", node_a(limits_stack=2**63), "limits_stack", "less than or equal to"),
+    ("memlock huge", node_a(limits_memlock=2**63), "limits_memlock", "65536 to 2^62"),
+    ("memlock word", node_a(limits_memlock="lots"), "limits_memlock", "'unlimited' or"),
+    ("tp huge", node_a(tensor_parallel_size=10**6), "tensor_parallel_size", "less than or equal to"),
+    ("gid index huge", node_a(nccl_ib_gid_index=1000), "nccl_ib_gid_index", "less than or equal to 255"),
+    ("gpu index huge", node_a(gpu_indices=[0, 300], tensor_parallel_size=2), "gpu_indices", "up to 255"),
+    ("api_port negative", node_a(api_port=-1), "api_port", "greater than or equal to 1"),
+    ("api_port text", node_a(api_port="http"), "api_port", "valid integer"),
+    ("rsync streams huge", node_a(model_rsync_streams=1000), "model_rsync_streams", "less than or equal to 16"),
+    ("deep verify rate tiny", node_a(model_deep_verify_max_mbps=1), "model_deep_verify_max_mbps", "greater than or equal to 10"),
+    # --- paths: what Volume=, ExecStartPre=, shells and rsync read back unchanged
+    ("model_root space", node_a(model_root="/mnt/my models"), "model_root", PATH),
+    ("model_root colon", node_a(model_root="/mnt/a:/etc"), "model_root", PATH),
+    ("model_root percent", node_a(model_root="/mnt/%h"), "model_root", PATH),
+    ("model_root dollar", node_a(model_root="/mnt/$HOME"), "model_root", PATH),
+    ("model_root quote", node_a(model_root="/mnt/a\"b"), "model_root", PATH),
+    ("model_root backslash", node_a(model_root="/mnt/a\\b"), "model_root", PATH),
+    ("model_root glob", node_a(model_root="/mnt/*"), "model_root", PATH),
+    ("model_root non-ASCII", node_a(model_root="/mnt/modèles"), "model_root", PATH),
+    ("model_root relative", node_a(model_root="data/hf"), "model_root", "absolute path"),
+    ("model_root traversal", node_a(model_root="/mnt/../etc"), "model_root", "absolute path"),
+    ("jit_cache_dir colon", node_a(jit_cache_dir="/var/cache/x:ro"), "jit_cache_dir", PATH),
+    ("container_tmp_dir space", node_a(container_tmp_dir="/var/tmp/a b"), "container_tmp_dir", PATH),
+    ("fabric_env_file space", node_a(fabric_env_file="/etc/a b.env"), "fabric_env_file", PATH),
+    ("model_mount colon", node_a(model_mount="/models:rw"), "model_mount", PATH),
+    # --- writable directories and mounts kept apart from the read-only model
+    ("jit dir inside model dir", node_a(jit_cache_dir=MODEL_DIR + "/jit"), "jit_cache_dir", "outside the model directory"),
+    ("jit dir is model dir", node_a(jit_cache_dir=MODEL_DIR), "jit_cache_dir", "outside the model directory"),
+    ("jit dir above model dir", node_a(jit_cache_dir="/mnt/data"), "jit_cache_dir", "outside the model directory"),
+    ("tmp dir inside model dir", node_a(container_tmp_dir=MODEL_DIR + "/snapshots"), "container_tmp_dir", "outside the model directory"),
+    ("tmp dir is jit dir", node_a(jit_cache_dir="/var/cache/jit", container_tmp_dir="/var/cache/jit"), "container_tmp_dir", "apart from jit_cache_dir"),
+    ("jit dir is /etc", node_a(jit_cache_dir="/etc"), "jit_cache_dir", "not a system directory"),
+    ("jit mount inside model mount", node_a(jit_cache_dir="/var/cache/jit", jit_cache_mount="/models/cache"), "jit_cache_mount", "apart from model_mount"),
+    ("jit mount is model mount", node_a(jit_cache_dir="/var/cache/jit", jit_cache_mount="/models"), "jit_cache_mount", "apart from model_mount"),
+    ("tmp mount above jit mount", node_a(jit_cache_dir="/var/cache/jit", jit_cache_mount="/c/jit", container_tmp_dir="/var/tmp/t", container_tmp_mount="/c"), "container_tmp_mount", "apart from jit_cache_mount"),
+    ("model mount /", node_a(model_mount="/"), "model_mount", "not / or a system directory"),
+    ("model mount /usr", node_a(model_mount="/usr"), "model_mount", "not / or a system directory"),
+    ("tmp mount under /proc", node_a(container_tmp_dir="/var/tmp/t", container_tmp_mount="/proc/x"), "container_tmp_mount", "system directory"),
+    # --- container names that would shadow a system or toolkit unit
+    ("container_name nvidia-cdi-refresh", node_a(container_name="nvidia-cdi-refresh"), "container_name", "a name of its own"),
+    ("container_name sshd", node_a(container_name="sshd"), "container_name", "a name of its own"),
+    ("container_name systemd-journald", node_a(container_name="systemd-journald"), "container_name", "a name of its own"),
+    ("container_name podman", node_a(container_name="podman"), "container_name", "a name of its own"),
+    ("container_name our verify unit", node_a(container_name="inference-nodes-model-verify"), "container_name", "a name of its own"),
+    # --- fabric addresses other nodes can reach
+    ("fabric 0.0.0.0", pair_b({"fabric_address": "0.0.0.0"}), "fabric_address", "unicast address"),
+    ("fabric loopback", pair_b({"fabric_address": "127.0.0.1"}), "fabric_address", "unicast address"),
+    ("fabric multicast", pair_b({"fabric_address": "224.0.0.1"}), "fabric_address", "unicast address"),
+    ("fabric broadcast", pair_b({"fabric_address": "255.255.255.255"}), "fabric_address", "unicast address"),
+    ("fabric v6 unspecified", pair_b({"fabric_address": "::"}), "fabric_address", "unicast address"),
+    ("fabric v6 loopback", pair_b({"fabric_address": "::1"}), "fabric_address", "unicast address"),
+    ("fabric hostname", pair_b({"fabric_address": "spark-b0"}), "fabric_address", "IPv4 or IPv6"),
+    ("fabric trailing space", pair_b({"fabric_address": "198.51.100.20 "}), "fabric_address", "IPv4 or IPv6"),
+    ("fabric v6 not canonical", pair_b({"fabric_address": "2001:DB8:0:0::1"}), "fabric_address", "canonical form (2001:db8::1)"),
+    # --- the API and the hub token
+    ("API on all interfaces", node_a(api_bind_address="0.0.0.0"), "api_protected_by", "authenticating proxy"),
+    ("API bind hostname", node_a(api_bind_address="localhost"), "api_bind_address", "an IP address"),
+    ("hub endpoint newline", node_a(model_hub_endpoint="https://hub.example\n"), "model_hub_endpoint", C),
+    ("hub endpoint ftp", node_a(model_hub_endpoint="ftp://hub.example"), "model_hub_endpoint", "a value matching"),
+    # --- pyinfra's own keys are known by name, not by prefix
+    ("podman_ typo", node_a(podman_min_versoin="5.0"), "podman_min_versoin", "did you mean 'podman_min_version'"),
+    ("ssh_ typo", node_a(ssh_hostnme="192.0.2.11"), "ssh_hostnme", "did you mean 'ssh_hostname'"),
+    ("global argument typo", node_a(_sduo=True), "_sduo", "did you mean '_sudo'"),
+    ("local_ prefix", node_a(local_cache="/x"), "local_cache", "no such key"),
+    ("docker_ prefix", node_a(docker_image="x"), "docker_image", "no such key"),
+    ("schema key typo", node_a(model_revison=REV), "model_revison", "did you mean 'model_revision'"),
+]
+
+
+@pytest.mark.parametrize("hosts,key,expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_hostile_value_is_refused_naming_host_key_and_expectation(hosts, key, expected):
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(hosts)
+    msg = str(err.value)
+    assert any(f"host {h}: key '{key}'" in msg for h in hosts), msg
+    assert expected in msg, msg
+    assert "nothing was changed on any host" in msg
+    for secret in SECRETS:
+        assert secret not in msg, f"secret leaked: {msg}"
+
+
+def test_the_suite_covers_at_least_80_inputs():
+    assert len(CASES) >= 80
+
+
+def test_messages_read_as_sentences():
+    """No pydantic internals: no 'Input should be', no union member tags, no 'expected expected'."""
+    bad = [node_a(limits_memlock="lots"), node_a(node_arch="sparc"), node_a(api_port="x"),
+           node_a(model_root="rel"), node_a(model_size_gb="inf"), node_a(gpu_indices="0")]
+    for hosts in bad:
+        with pytest.raises(InventoryValidationError) as err:
+            validate_hosts(hosts)
+        msg = str(err.value)
+        for wrong in ("Input should", "literal[", "[int]", "expected expected", "Value error"):
+            assert wrong not in msg, msg
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(limits_memlock="lots"))
+    assert "key 'limits_memlock' = 'lots': expected 'unlimited' or a valid integer" in str(err.value)
+
+
+def test_every_problem_of_a_host_is_listed_even_beside_a_control_character():
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(model_revision=REV + "\n", api_port=70000))
+    keys = {p.key for p in err.value.problems}
+    assert {"model_revision", "api_port"} <= keys
+
+
+def test_secrets_are_hidden_but_ordinary_values_shown():
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(service_env={**PROFILE_A["service_env"], "HF_TOKEN": HF}, api_port=70000))
+    msg = str(err.value)
+    assert HF not in msg and "<hidden" in msg
+    assert "'KV_OFFLOADING_SIZE': '8'" in msg, "the rest of the dict is still shown"
+    assert "= 70000" in msg
+
+
+def test_same_machine_under_two_names_is_refused():
+    hosts = {**node_a(), "node-a-again": node_a()["node-a"]}
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(hosts)
+    msg = str(err.value)
+    assert "host node-a: key 'ssh_hostname' = '192.0.2.10': expected one inventory name per machine" in msg
+    assert "is also node-a-again" in msg
+    # the same address on another SSH port is another machine (the sandbox's nodes): accepted
+    other = node_a(ssh_port=2202)["node-a"]
+    other["cluster_name"] = "another-pair"
+    assert len(validate_hosts({**node_a(), "node-other": other})) == 2
+
+
+def test_loopback_fabric_only_for_nodes_on_one_host():
+    with pytest.raises(InventoryValidationError):
+        validate_hosts(pair_b({"fabric_address": "127.0.1.10"}, {"fabric_address": "127.0.1.11"}))
+    same = {"fabric_on_one_host": True}
+    ok = validate_hosts(pair_b({"fabric_address": "127.0.1.10", **same}, {"fabric_address": "127.0.1.11", **same}))
+    assert ok["node-b0"].fabric_address == "127.0.1.10"
+
+
+def test_token_over_plain_http_only_to_loopback(tmp_path):
+    token = tmp_path / "token"
+    token.write_text(HF)
+    token.chmod(0o600)
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(model_hub_token_file=str(token), model_hub_endpoint="http://hub.example"))
+    assert "an https:// endpoint" in str(err.value) and HF not in str(err.value)
+    ok = validate_hosts(node_a(model_hub_token_file=str(token), model_hub_endpoint="http://127.0.0.1:8802"))
+    assert ok["node-a"].model_hub_endpoint == "http://127.0.0.1:8802"
+
+
+def _inventory_dir(tmp_path, body: str):
+    inv = tmp_path / "inv"
+    (inv / "group_data").mkdir(parents=True)
+    for name in ("all.py", "rtx_pro_6000_pair.py", "gb10_dspark.py", "gb10_mtp.py"):
+        (inv / "group_data" / name).write_text(open(f"inventories/group_data/{name}").read())
+    (inv / "hosts.py").write_text(textwrap.dedent(body))
+    return inv / "hosts.py"
+
+
+def test_host_in_two_groups_that_disagree_is_named(tmp_path):
+    path = _inventory_dir(tmp_path, """
+        rtx_pro_6000_pair = [("node-a", {"ssh_hostname": "192.0.2.10"})]
+        gb10_dspark = [("node-a", {"ssh_hostname": "192.0.2.10"})]
+        gb10_mtp = [("node-c", {"ssh_hostname": "192.0.2.12"})]
+    """)
+    with pytest.raises(InventoryValidationError) as err:
+        validate_inventory(load_inventory(str(path)))
+    msg = str(err.value)
+    assert "host node-a: key 'image'" in msg
+    assert "the host is in groups rtx_pro_6000_pair and gb10_dspark, which set it differently" in msg
+
+
+def test_validate_cli_needs_no_connection(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "deploys.validate", "inventories/lab.py"],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "gb10-b1.lab.example: valid (cluster gb10-dspark, rank 1)" in ok.stdout
+    path = _inventory_dir(tmp_path, f"""
+        rtx_pro_6000_pair = [("node-a", {{"ssh_hostname": "192.0.2.10", "api_port": 70000,
+                                          "service_env": {{"HF_TOKEN": "{HF}"}}}})]
+    """)
+    bad = subprocess.run([sys.executable, "-m", "deploys.validate", str(path)], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 1
+    assert "host node-a: key 'api_port' = 70000" in bad.stderr
+    assert HF not in bad.stdout + bad.stderr
+
+
+def test_pyinfra_reports_a_bad_value_before_connecting_to_any_host(tmp_path):
+    """Through the real CLI and config.py: the hosts point at a listener that counts connections. A bad
+    value stops the run with the problem list and the listener never sees a connection; a valid inventory
+    does connect (so the listener would have seen one)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    accepted = []
+
+    def accept():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    pyinfra = os.path.join(os.path.dirname(sys.executable), "pyinfra")
+    try:
+        for api_port, expect_connect in ((70000, False), (8000, True)):
+            path = _inventory_dir(tmp_path / str(api_port), f"""
+                rtx_pro_6000_pair = [("node-a", {{"ssh_hostname": "127.0.0.1", "ssh_port": {port},
+                                                  "api_port": {api_port}, "ssh_connect_retries": 0}})]
+            """)
+            before = len(accepted)
+            proc = subprocess.run([pyinfra, "-y", str(path), "deploys/all.py"], capture_output=True, text=True,
+                                  timeout=120, cwd=os.getcwd())
+            assert proc.returncode != 0
+            out = proc.stdout + proc.stderr
+            if expect_connect:
+                assert len(accepted) > before, out
+                assert "inventory validation failed" not in out
+            else:
+                assert len(accepted) == before, "a connection was opened before validation"
+                assert "host node-a: key 'api_port' = 70000: expected a number less than or equal to 65535" in out
+                assert "Traceback" not in out
+    finally:
+        listener.close()
