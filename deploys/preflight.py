@@ -2,11 +2,12 @@
 
 Refuses what the profile cannot run on: a wrong CPU architecture, too little free disk for the part of
 the model still missing, a /dev/shm too small for the KV offload, a GPU index the inventory names that
-nvidia-smi does not list. A reboot-required driver is shown, not refused: the driver component handles it.
+nvidia-smi does not list, a fabric address the node does not have. A reboot-required driver is shown, not refused: the driver component handles it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 from pyinfra import host, logger
@@ -16,7 +17,7 @@ from pyinfra.api.exceptions import DeployError
 from deploys.host_tuning import shm_problem, shm_reason
 from deploys.inventory import node_config
 from deploys.schema import NodeConfig
-from facts.host import MountSizeBytes, NodeResources
+from facts.host import InterfaceAddresses, MountSizeBytes, NodeResources
 from facts.nvidia import NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, driver_state
 
 DEFAULTS: dict = {}  # reads cluster, model and host-tuning keys; sets none itself
@@ -43,9 +44,27 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = None) -> list[str]:
+def fabric_problem(cfg: NodeConfig, addresses: list[str]) -> str | None:
+    """The fabric address must be one this node really has (a loopback one, on a machine shared by the
+    whole cluster, may lie anywhere in lo's network). Unknown (no iproute2) is not refused."""
+    if cfg.fabric_address is None or not addresses:
+        return None
+    want = ipaddress.ip_address(cfg.fabric_address.split("%", 1)[0])
+    for cidr in addresses:
+        iface = ipaddress.ip_interface(cidr.split("%", 1)[0])
+        if iface.ip == want or (cfg.fabric_on_one_host and iface.ip.is_loopback and want in iface.network):
+            return None
+    return (f"fabric_address {cfg.fabric_address} is not an address of this node (it has "
+            f"{', '.join(a.split('/')[0] for a in addresses)}): the other ranks could not reach it")
+
+
+def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = None,
+                 addresses: list[str] | None = None) -> list[str]:
     """What stops this host from running its profile (empty when it can)."""
     out = []
+    fabric = fabric_problem(cfg, addresses or [])
+    if fabric:
+        out.append(fabric)
     gpus = (smi or {}).get("gpus") or []
     if gpus:  # only checkable once a driver answers; the driver component installs one otherwise
         present = {g["index"] for g in gpus}
@@ -117,7 +136,7 @@ def preflight():
 
     run = _RUNS.setdefault(id(host.state), _Run())
     run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes, smi, state)
-    run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi)
+    run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, host.get_fact(InterfaceAddresses))
     active = [h.name for h in host.state.inventory.get_active_hosts()]
     if not set(active) <= set(run.rows):
         return

@@ -127,3 +127,16 @@ class ManagedFiles(FactBase[dict]):
             except ValueError as e:
                 raise FactProcessError(f"ManagedFiles: unexpected line {line!r}") from e
         return files
+
+
+class InterfaceAddresses(FactBase[list]):
+    """Every address assigned to the node's interfaces with its prefix (`ip -o addr`), e.g.
+    ``["127.0.0.1/8", "192.0.2.10/24", "fe80::1/64"]``; empty where iproute2 is missing."""
+
+    default = list
+
+    def command(self) -> str:
+        return "command -v ip >/dev/null && ip -o addr show | awk '{print $4}' || true"
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip() for line in output if "/" in line]

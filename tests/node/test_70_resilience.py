@@ -120,3 +120,31 @@ def test_add_a_node_drill(sandbox):
             if os.path.lexists(path):
                 os.unlink(path)
         os.rmdir(drill)
+
+
+def test_bad_value_is_reported_even_when_every_node_is_unreachable(sandbox, tmp_path):
+    """Validation runs before pyinfra connects (config.py): with every SSH port pointing nowhere, the bad
+    value is still what the run reports, and no host is even tried."""
+    with open(INVENTORY) as f:
+        text = f.read()
+    for port in (2201, 2202, 2203):
+        text = text.replace(f', {port},', f', {port + 97},')
+    broken = tmp_path / "sandbox.py"
+    broken.write_text(text)
+    proc = pyinfra("--group-data", "inventories/group_data", str(broken), "deploys/all.py",
+                   "--data", 'model_revision="main"', check=False)
+    assert proc.returncode == 1
+    for node in sandbox:
+        assert f"host {node}: key 'model_revision' = 'main': expected a 40-hex commit id" in proc.stderr
+    assert "Could not connect" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_preflight_refuses_a_fabric_address_the_node_does_not_have(sandbox, tmp_path):
+    with open(INVENTORY) as f:
+        text = f.read()
+    wrong = tmp_path / "sandbox.py"
+    wrong.write_text(text.replace('fabric_address="127.0.1.11"', 'fabric_address="198.51.100.99"'))
+    proc = pyinfra("--group-data", "inventories/group_data", str(wrong), "deploys.preflight.preflight", check=False)
+    assert proc.returncode == 1
+    assert "host sandbox-b1: fabric_address 198.51.100.99 is not an address of this node" in proc.stderr
+    assert "host sandbox-b0: fabric_address" not in proc.stderr

@@ -87,3 +87,29 @@ def test_table_has_a_row_per_host_and_aligned_columns():
     assert lines[0].startswith("host ") and "GPUs" in lines[0] and "RDMA" in lines[0]
     assert lines[2].startswith("node-a ") and "16.0 GiB" in lines[2] and "5.4.2" in lines[2]
     assert lines[0].index("OS") == lines[2].index("Debian")
+
+
+# `ip -o addr show | awk '{print $4}'` on a GB10 node with its ConnectX-7 port up (and on the sandbox machine).
+GB10_ADDRESSES = ["127.0.0.1/8", "::1/128", "192.0.2.20/24", "198.51.100.20/24", "fe80::5a02:3ff:fe04:506/64"]
+
+
+def test_interface_addresses_parse_ip_output():
+    from facts.host import InterfaceAddresses
+
+    assert InterfaceAddresses().process(GB10_ADDRESSES + [""]) == GB10_ADDRESSES
+
+
+def test_preflight_refuses_a_fabric_address_the_node_does_not_have():
+    from deploys.preflight import fabric_problem
+
+    b0 = NodeConfig.model_validate({**profile("gb10_dspark"), "node_rank": 0, "fabric_address": "198.51.100.20"})
+    assert fabric_problem(b0, GB10_ADDRESSES) is None
+    assert fabric_problem(b0, []) is None  # no iproute2: unknown, not refused
+    wrong = b0.model_copy(update={"fabric_address": "198.51.100.99"})
+    problem = fabric_problem(wrong, GB10_ADDRESSES)
+    assert problem.startswith("fabric_address 198.51.100.99 is not an address of this node (it has 127.0.0.1, ")
+    # nodes sharing one machine (the sandbox): any address in lo's network is this machine's
+    shared = b0.model_copy(update={"fabric_address": "127.0.1.10", "fabric_on_one_host": True})
+    assert fabric_problem(shared, GB10_ADDRESSES) is None
+    assert fabric_problem(shared.model_copy(update={"fabric_on_one_host": False}), GB10_ADDRESSES) is not None
+    assert problem in problems_for(wrong, _res(disk_free_bytes=200 * 10**9), 64 * 2**30, None, GB10_ADDRESSES)
