@@ -17,6 +17,7 @@ from pyinfra.operations import files, server
 from deploys.inventory import node_config
 from deploys.ops import atomic_put
 from deploys.schema import HostTuningKeys, NodeConfig, defaults_of
+from deploys.unit_text import env_file_line
 from facts.host import MountSizeBytes
 
 DEFAULTS = defaults_of(HostTuningKeys)  # keys, defaults and meanings: README "Inventory keys"
@@ -49,11 +50,11 @@ def render_systemd_defaults(cfg: NodeConfig) -> str:
 
 
 def render_fabric_env(cfg: NodeConfig) -> str:
-    """KEY=value lines for systemd's EnvironmentFile= (and Podman's --env-file)."""
+    """KEY=value lines for the unit's `EnvironmentFile=` (Podman's `--env-file`: values verbatim)."""
     lines = [HEADER]
     if not cfg.fabric_env:
         lines.append("# no fabric settings for this node (single-node profile)\n")
-    lines += [f"{k}={v}\n" for k, v in sorted(cfg.fabric_env.items())]
+    lines += [env_file_line(k, v) for k, v in sorted(cfg.fabric_env.items())]
     return "".join(lines)
 
 

@@ -1,4 +1,5 @@
-"""The one writer for values that reach systemd / Quadlet unit files (`Exec=`, `Environment=`, ...).
+"""The one writer for values that reach systemd / Quadlet unit files (`Exec=`, `Environment=`, ...) and
+the env files Podman reads.
 
 systemd (and Quadlet, which splits `Exec=` and `Environment=` the same way before writing `ExecStart=`)
 splits on whitespace, honours double quotes and C escapes, expands `%` specifiers and `$VAR` in
@@ -41,3 +42,12 @@ def environment_line(name: str, value: str) -> str:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise UnitValueError(f"{name!r} is not an environment variable name")
     return f"Environment={unit_word(f'{name}={value}')}\n"
+
+
+def env_file_line(name: str, value: str) -> str:
+    """One `NAME=value` line of an env file Podman reads (Quadlet `EnvironmentFile=` in `[Container]` is
+    `podman --env-file`): Podman takes the value verbatim after the first `=` (no quotes, no escapes), so
+    only a control character could change what it reads, and that is refused."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise UnitValueError(f"{name!r} is not an environment variable name")
+    return f"{name}={refuse_control(value)}\n"

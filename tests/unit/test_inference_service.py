@@ -149,6 +149,16 @@ def test_hostile_values_stay_one_argument_and_one_variable():
             unit_word(bad)
 
 
+
+def test_env_file_lines_are_verbatim_or_refused():
+    from deploys.unit_text import UnitValueError, env_file_line
+
+    assert env_file_line("NCCL_IB_HCA", '=mlx5_0:1 "x" $Y\\') == 'NCCL_IB_HCA==mlx5_0:1 "x" $Y\\\n'
+    for name, value in (("NCCL_X", "a\nLD_PRELOAD=/x.so"), ("BAD NAME", "1"), ("NCCL_X", "a\rb")):
+        with pytest.raises(UnitValueError):
+            env_file_line(name, value)
+
+
 def _gid_tree(root, dev, entries):
     for port, index, gid_type, gid in entries:
         base = os.path.join(root, "class", "infiniband", dev, "ports", str(port))
