@@ -1,9 +1,10 @@
 """Entry point: `pyinfra -y inventories/lab.py deploys/all.py`.
 
-Order: validate -> preflight -> NVIDIA driver -> container runtime -> host tuning -> model snapshot ->
-model integrity (deep verify timer) -> inference service.
+Order: validate -> preflight -> package manager (lock wait, dpkg repair) -> NVIDIA driver -> container
+runtime -> host tuning -> model snapshot -> model integrity (deep verify timer) -> inference service.
 """
 
+from deploys.apt_state import package_manager_ready
 from deploys.container_runtime import container_runtime
 from deploys.host_tuning import host_tuning
 from deploys.inference_service import inference_service
@@ -15,6 +16,7 @@ from deploys.validate import validate
 
 validate()
 preflight()
+package_manager_ready()
 nvidia_driver()
 container_runtime()
 host_tuning()

@@ -18,6 +18,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, systemd
 from pyinfra.operations.util import any_changed
 
+from deploys.apt_state import apt_lists_updated, lock_waiting
 from deploys.inventory import node_config
 from deploys.ops import apt_held, atomic_put, fail_host, flat_repo_source, keyring_verified, secret_file
 from deploys.schema import ContainerRuntimeKeys, NodeConfig, defaults_of
@@ -88,7 +89,7 @@ def toolkit_installed(packages: list[str], version: str):
         host.noop(f"{', '.join(packages)} at {version}")
         return
     # fresh lists first: an interrupted earlier run may have added the source without updating them
-    yield StringCommand("apt-get", "update", "-qq")
+    yield lock_waiting("apt-get", "update", "-qq")
     yield StringCommand("DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "--allow-downgrades",
                         "--allow-change-held-packages", *(f"{p}={version}" for p in packages))
 
@@ -170,12 +171,11 @@ def container_runtime():
     cfg: NodeConfig = node_config()
     batch = (TOOLKIT_SOURCE, REFRESH_ENV, REGISTRIES_FILE)  # read in one round trip
     # catatonit: the init a unit with RunInit=true (deployment A) needs; a Recommends that minimal installs skip
-    apt.packages(name="Install Podman from the distribution", packages=["podman", "catatonit"], update=True,
-                 cache_time=86400)
+    apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
+    apt.packages(name="Install Podman from the distribution", packages=["podman", "catatonit"])
     podman_at_least(name=f"Check Podman >= {cfg.podman_min_version}", minimum=cfg.podman_min_version)
 
-    apt.packages(name="Install what fetching and checking repo keys needs", packages=["curl", "gpg", "ca-certificates"],
-                 update=True, cache_time=86400)
+    apt.packages(name="Install what fetching and checking repo keys needs", packages=["curl", "gpg", "ca-certificates"])
     key = keyring_verified(
         name="Install the container toolkit repo key (fingerprint checked)",
         url=cfg.nvidia_toolkit_key_url,
@@ -190,7 +190,7 @@ def container_runtime():
         dest=TOOLKIT_SOURCE,
         user="root", group="root", mode="0644",
     )
-    apt.update(name="Update apt lists after the toolkit source changed", _if=any_changed(key, source))
+    apt_lists_updated(name="Update apt lists after the toolkit source changed", _if=any_changed(key, source))
     version = cfg.nvidia_toolkit_version
     toolkit_installed(name=f"Install the NVIDIA container toolkit {version}", packages=cfg.nvidia_toolkit_packages,
                       version=version)
@@ -228,6 +228,8 @@ def container_runtime():
     if cfg.registry_auth_file:
         secret_file(name="Install registry credentials (0600, never printed)", src=cfg.registry_auth_file,
                     dest=AUTH_FILE)
+    else:  # credentials taken out of the inventory leave the node too (decided from the file being there)
+        files.file(name="Remove registry credentials no longer in the inventory", path=AUTH_FILE, present=False)
     image_present(
         name="Pull the service image by digest",
         image=cfg.image,

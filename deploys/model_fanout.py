@@ -9,7 +9,14 @@ pyinfra must run each operation on every host before the next (its default): und
 the waves lose their order and targets fall back to the control node, with a warning each.
 
 A serving node runs a transient, read-only rsync daemon (`systemd-run`, chrooted, as nobody, on its peer address)
-with a secret made for this run only: 0600 under /run, never printed, removed when the run ends. A target whose
+with a secret made for this run only: 0600 under /run, never printed, removed when the run ends. Neither outlives a
+killed run for long: the daemon stops after SEED_MAX_SECONDS at most, and the secret directory is its unit's
+RuntimeDirectory=, which systemd removes whenever the unit stops, however it stops. The daemon accepts packets only
+from its own address and its targets' peer addresses (systemd's IPAddressDeny=any + IPAddressAllow=); where one of
+those is a host name rather than an IP address it cannot be listed, and the run says so: the per-run password is
+then the only gate. A target pulls inside a transient unit of its own that removes the target's copy of the
+password when it ends, even when the run that started it was killed; a guard timer, armed before the password is
+written and stopped by that unit, removes it should the run die in between. A target whose
 peer cannot serve (it failed earlier, its daemon did not start, the pull broke) is fed by the control node instead,
 and every target verifies what it received in full before it may serve anyone.
 """
@@ -17,8 +24,10 @@ and every target verifies what it received in full before it may serve anyone.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 import secrets
+import uuid
 import weakref
 from dataclasses import dataclass, field
 from io import StringIO
@@ -29,13 +38,15 @@ from pyinfra.context import ctx_state
 from pyinfra.facts.server import Command
 
 from deploys.inventory import inventory_configs, node_config
-from deploys.ops import fail_host
+from deploys.ops import fail_host, upload_private
 from deploys.schema import NodeConfig
 
 SEED_UNIT = "inference-nodes-model-seed"
 SEED_DIR = "/run/inference-nodes/model-seed"
 SEED_USER = "inference-nodes"
 SEED_MAX_SECONDS = 6 * 3600  # a run killed mid-way leaves no daemon behind for longer than this
+PULL_UNIT = "inference-nodes-model-pull"
+PULL_GUARD_SECONDS = 300  # a target's password left by a run killed before its pull started lives this long at most
 PEER_PULL = "/usr/local/lib/inference-nodes/peer_pull.py"
 
 
@@ -135,6 +146,27 @@ def peer_endpoint(peer) -> tuple[str, int]:
     return address, cfg.model_peer_port
 
 
+def is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def seed_allow_list(own: str, target_addresses: list[str]) -> list[str] | None:
+    """The addresses the seed daemon accepts (its own, for the listening check, and its targets'), or None
+    when one is a host name: systemd's IPAddressAllow= takes addresses only."""
+    wanted = [own, *target_addresses]
+    return sorted(set(wanted)) if all(is_ip(a) for a in wanted) else None
+
+
+def seed_firewall_properties(allow: list[str] | None) -> list[str]:
+    if allow is None:
+        return []
+    return ["--property=IPAddressDeny=any", *(f"--property=IPAddressAllow={a}" for a in allow)]
+
+
 def render_rsyncd_conf(root: str, max_connections: int) -> str:
     return (
         "# Managed by inference-nodes: this node's verified model copy, read-only, for one deploy run's peers.\n"
@@ -191,15 +223,31 @@ def peers_served(wave: int, targets: list[str], root: str):
         return
     # every target's streams at once (they may be configured differently), plus one for the links pass
     connections = sum(node_config(run_host(t)).model_rsync_streams + 1 for t in targets)
+    target_addresses = []
+    for t in targets:
+        try:
+            target_addresses.append(peer_endpoint(run_host(t))[0])
+        except ValueError:
+            target_addresses.append(t)  # a name: no address to list
+    allow = seed_allow_list(address, target_addresses)
+    if allow is None:
+        logger.warning(f"{host.name}: the seed daemon accepts connections from any address (a peer address of "
+                       f"{host.name} or of {', '.join(targets)} is a host name, not an IP address: set "
+                       "model_peer_address to an address to restrict it); the run's password still gates it")
     yield StringCommand("systemctl", "stop", SEED_UNIT, "2>/dev/null", "||", "true")
     yield StringCommand("install", "-d", "-m", "0700", "-o", "root", "-g", "root", SEED_DIR)
     yield FileUploadCommand(StringIO(render_rsyncd_conf(root, connections)), f"{SEED_DIR}/rsyncd.conf")
-    yield FileUploadCommand(StringIO(f"{SEED_USER}:{run.secret(host.name)}\n"), f"{SEED_DIR}/secrets")
+    yield from upload_private(StringIO(f"{SEED_USER}:{run.secret(host.name)}\n"), f"{SEED_DIR}/secrets")
     yield StringCommand("chmod", "0600", f"{SEED_DIR}/secrets", f"{SEED_DIR}/rsyncd.conf")
     yield StringCommand(
         "systemd-run", "--quiet", f"--unit={SEED_UNIT}", "--collect", f"--property=RuntimeMaxSec={SEED_MAX_SECONDS}",
-        "--property=ProtectSystem=strict", f"--property=ReadWritePaths={SEED_DIR}", "--property=ProtectHome=read-only",
+        "--property=ProtectSystem=strict",
+        # systemd's own directory for the unit (kept as written, writable, 0700): removed whenever the unit stops,
+        # however it stops, so the run secret never outlives the daemon
+        f"--property=RuntimeDirectory={SEED_DIR.removeprefix('/run/')}", "--property=RuntimeDirectoryMode=0700",
+        "--property=ProtectHome=read-only",
         "--property=PrivateTmp=yes", "--property=NoNewPrivileges=yes",
+        *seed_firewall_properties(allow),
         "rsync", "--daemon", "--no-detach", f"--config={SEED_DIR}/rsyncd.conf", QuoteString(f"--address={address}"),
         f"--port={port}",
     )
@@ -242,18 +290,34 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str, 
         url = f"rsync://{SEED_USER}@{f'[{address}]' if ':' in address else address}:{port}/model/"
         dest = cfg.model_dir if cfg.model_layout == "hf_cache" else cfg.model_root
         snapshot = f"snapshots/{cfg.model_revision}" if cfg.model_layout == "hf_cache" else ""
-        ok, out = host.run_shell_command(StringCommand("install", "-d", "-m", "0700", SEED_DIR), **sudo)
+        unit = f"{PULL_UNIT}-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
+        # the guard first: should the run die before the pull unit starts, the password goes after a while
+        ok, out = host.run_shell_command(StringCommand(  # a killed run's pull of the same peer ends first
+            "systemctl", "stop", f"{unit}.service", f"{unit}-guard.timer", "2>/dev/null", ";",
+            "install", "-d", "-m", "0700", SEED_DIR, "&&", "systemd-run", "--quiet", "--collect",
+            f"--unit={unit}-guard", f"--on-active={PULL_GUARD_SECONDS}", "/bin/rm", "-f", password), **sudo)
+        private = f"/tmp/inference-nodes-upload-{uuid.uuid4().hex}"  # a sudo upload's temp file: 0700, never /tmp
         try:
-            ok = ok and host.put_file(StringIO(_run(state).secret(source) + "\n"), password, **sudo)
+            if sudo:
+                ok = ok and host.run_shell_command(StringCommand("mkdir", "-m", "0700", private))[0]
+            ok = ok and host.put_file(StringIO(_run(state).secret(source) + "\n"), password,
+                                      remote_temp_filename=f"{private}/secret" if sudo else None, **sudo)
             ok = ok and host.run_shell_command(StringCommand("chmod", "0600", password), **sudo)[0]
-            if ok:
+            if ok:  # the pull's own unit removes the password when it ends, even if this run is killed meanwhile
                 ok, out = host.run_shell_command(StringCommand(
+                    "systemd-run", "--quiet", "--wait", "--pipe", "--collect", f"--unit={unit}",
+                    f"--property=RuntimeMaxSec={SEED_MAX_SECONDS}",
+                    QuoteString(f"--property=ExecStartPre=-+/bin/systemctl stop {unit}-guard.timer"),
+                    QuoteString(f"--property=ExecStopPost=+/bin/rm -f {password}"),
                     "python3", PEER_PULL, QuoteString(url), QuoteString(dest), password, manifest,
                     "--layout", cfg.model_layout, "--snapshot", QuoteString(snapshot),
                     "--streams", str(cfg.model_rsync_streams), *(QuoteString(p) for p in sorted(refetch)),
                 ), **sudo)
         finally:  # not left behind even if this host fails before the run's stop operation
-            host.run_shell_command(StringCommand("rm", "-f", password), **sudo)
+            host.run_shell_command(StringCommand("rm", "-f", password, ";", "systemctl", "stop", f"{unit}-guard.timer",
+                                                 "2>/dev/null", ";", "true"), **sudo)
+            if sudo:
+                host.run_shell_command(StringCommand("rm", "-rf", private))
         if ok:
             host.log_styled(f"pulled {out.stdout.strip()} from peer {source} ({address}:{port})", log_func=logger.info)
             return True

@@ -21,7 +21,7 @@ def fetch(repo: str, commit: str, manifest: str, cache: str, endpoint: str, toke
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError
 
-    from files.model_snapshot.verify_snapshot import verify
+    from files.model_snapshot.verify_snapshot import remove_paths, verify
 
     token = open(token_file).read().strip() if token_file else False
     stamp = os.path.join(cache, f".inference-nodes-control-{commit}.json")
@@ -38,23 +38,28 @@ def fetch(repo: str, commit: str, manifest: str, cache: str, endpoint: str, toke
         result = verify(manifest, path, stamp, progress=lambda rel, done, total: None)
         if result["ok"]:
             return path
-        # huggingface_hub returns present files without hashing them: drop the bad ones and fetch again
+        # huggingface_hub returns present files without hashing them: drop the bad ones (and their blobs, never
+        # a file a link points at outside the repo folder) and fetch again
         print(f"model_fetch: control copy is bad ({'; '.join(result['problems'][:5])}); refetching", file=sys.stderr)
-        for rel in result.get("refetch", []) + result.get("extra", []):
-            target = os.path.join(path, rel)
-            for p in {os.path.realpath(target), target}:
-                if os.path.lexists(p):
-                    os.unlink(p)
+        refused = remove_paths(path, os.path.dirname(os.path.dirname(path)),
+                               result.get("refetch", []) + result.get("extra", []))
+        if refused:
+            raise SystemExit(f"model_fetch: refused to delete {'; '.join(refused[:5])} in {cache}")
     raise SystemExit(f"model_fetch: {repo}@{commit} still fails verification in {cache}")
 
 
 def main() -> int:
+    from files.model_snapshot.verify_snapshot import ManifestError
+
     ap = argparse.ArgumentParser()
     for name in ("repo", "commit", "manifest", "cache", "endpoint"):
         ap.add_argument(name)
     ap.add_argument("--token-file")
     args = ap.parse_args()
-    print(fetch(args.repo, args.commit, args.manifest, args.cache, args.endpoint, args.token_file))
+    try:
+        print(fetch(args.repo, args.commit, args.manifest, args.cache, args.endpoint, args.token_file))
+    except ManifestError as e:
+        raise SystemExit(f"model_fetch: {e}") from None
     return 0
 
 

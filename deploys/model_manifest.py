@@ -4,6 +4,11 @@
 
 writes files/manifests/<org>--<name>@<commit>.json for a reviewer to commit. Deploys only ever read
 committed manifests; nothing fetches a "trusted" manifest at deploy time.
+
+``read_manifest(path)`` is the one reader for the control node: the shape and every entry checked (relative,
+normalised, safe characters, no duplicates, sizes and hashes well formed), else ``ManifestError`` (a
+ValueError) whose message names the file and the entry. The check itself lives in the node-side verifier
+(stdlib only, copied to nodes alone), so nodes and the control node refuse the same manifests.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import os
 import re
 import sys
 
-from files.model_snapshot.verify_snapshot import manifest_digest
+from files.model_snapshot.verify_snapshot import ManifestError, check_manifest, manifest_digest, read_manifest
+
+__all__ = ["ManifestError", "check_manifest", "default_path", "generate", "manifest_digest", "read_manifest"]
 
 MANIFEST_DIR = "files/manifests"
 
@@ -43,7 +50,8 @@ def generate(repo: str, commit: str, endpoint: str | None = None, token: str | N
         files.append(entry)
     if not files:
         raise ValueError(f"{repo}@{commit}: the hub lists no files")
-    return {"repo": repo, "commit": commit, "files": sorted(files, key=lambda e: e["path"])}
+    manifest = {"repo": repo, "commit": commit, "files": sorted(files, key=lambda e: e["path"])}
+    return check_manifest(manifest, f"generated for {repo}@{commit}")  # a hostile listing never reaches review
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="default: files/manifests/<org>--<name>@<commit>.json")
     args = ap.parse_args(argv)
     token = open(args.token_file).read().strip() if args.token_file else None
-    manifest = generate(args.repo, args.commit, args.endpoint, token)
+    try:
+        manifest = generate(args.repo, args.commit, args.endpoint, token)
+    except ValueError as e:  # ManifestError too: the hub lists a path no deploy would accept
+        print(f"model_manifest: {e}", file=sys.stderr)
+        return 1
     out = args.out or default_path(args.repo, args.commit)
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:

@@ -25,12 +25,14 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 from pyinfra.facts.server import Command
 from pyinfra.operations import apt, files
 
-from deploys import model_fanout
+from deploys import hub_lock, model_fanout
+from deploys.apt_state import apt_lists_updated
 from deploys.inventory import node_config, ssh_options
 from deploys.ops import atomic_put, fail_host, refuse, secret_file
 from deploys.schema import ModelKeys, NodeConfig, defaults_of
 from facts.host import FreeBytes
 from files.model_snapshot.peer_pull import balanced, parallel_rsync  # the same streams on both sides
+from files.model_snapshot.verify_snapshot import inside, read_manifest
 from facts.model import ModelVerification
 
 DEFAULTS = defaults_of(ModelKeys)  # keys, defaults and meanings: README "Inventory keys"
@@ -44,6 +46,7 @@ HUB_DOWNLOAD = "/usr/local/lib/inference-nodes/hub_download.py"
 HUB_TOKEN = "/etc/inference-nodes/secrets/hf-token"
 NODE_WHEELS = "/var/cache/inference-nodes/wheels"
 HUB_VERSION = importlib.metadata.version("huggingface_hub")  # pinned in pyproject.toml
+HUB_LOCK_NAME = os.path.basename(hub_lock.LOCK)  # pushed beside the wheels, kept in the venv
 
 _control_locks: dict[tuple, gevent.lock.Semaphore] = {}
 _control_paths: dict[tuple, str] = {}
@@ -74,15 +77,21 @@ def control_snapshot(cfg: NodeConfig) -> str:
 
 
 def rsync_plan(cfg: NodeConfig, control_dir: str, refetch: list[str]) -> tuple[str, str, list[str], list[str]]:
-    """(source root, node destination, paths relative to the source, rsync flags) for the layout."""
+    """(source root, node destination, paths relative to the source, rsync flags) for the layout. ValueError
+    for a path that resolves outside the control copy's repo folder: nothing else of the control node is sent."""
+    repo_root = os.path.dirname(os.path.dirname(control_dir))  # models--ORG--NAME
+    real_root = os.path.realpath(repo_root)
+    blobs = {}
+    for rel in sorted(refetch):
+        blobs[rel] = os.path.realpath(os.path.join(control_dir, rel))
+        if not inside(blobs[rel], real_root):
+            raise ValueError(f"{control_dir}/{rel} resolves to {blobs[rel]}, outside {repo_root}: refused")
     if cfg.model_layout == "plain":
         return control_dir, cfg.model_root, sorted(refetch), ["-aL"]
-    repo_root = os.path.dirname(os.path.dirname(control_dir))  # models--ORG--NAME
     paths = []
-    for rel in sorted(refetch):
-        link = f"snapshots/{cfg.model_revision}/{rel}"
-        paths.append(link)
-        paths.append(os.path.relpath(os.path.realpath(os.path.join(control_dir, rel)), repo_root))
+    for rel, blob in blobs.items():
+        paths.append(f"snapshots/{cfg.model_revision}/{rel}")
+        paths.append(os.path.relpath(blob, real_root))
     return repo_root, cfg.model_dir, paths, ["-a"]
 
 
@@ -93,7 +102,11 @@ def _push(state, host, refetch: list[str]) -> bool:
     except RuntimeError as e:
         host.log_styled(f"control-node download failed: {e}", fg="red", log_func=logger.error)
         return False
-    src, dest, paths, flags = rsync_plan(cfg, control_dir, refetch)
+    try:
+        src, dest, paths, flags = rsync_plan(cfg, control_dir, refetch)
+    except ValueError as e:
+        host.log_styled(f"control-node copy refused: {e}", fg="red", log_func=logger.error)
+        return False
     follow = "-aL" in flags  # plain: links in the control cache are sent as the files; hf_cache: as links + blobs
     sizes = {p: (os.stat if follow else os.lstat)(os.path.join(src, p)).st_size
              for p in paths if os.path.lexists(os.path.join(src, p))}
@@ -116,50 +129,66 @@ _wheel_locks: dict[str, gevent.lock.Semaphore] = {}
 
 
 def control_wheels(pyver: str, machine: str) -> list[str]:
-    """huggingface_hub==HUB_VERSION and its dependencies as wheels for the node's Python and CPU, downloaded
-    once per (version, arch) into a control-node cache."""
+    """The wheels of huggingface_hub and its dependencies for the node's Python and CPU, exactly as the lock
+    pins them (files/model_snapshot/hub-client.lock: versions and sha256, deploys/hub_lock.py), downloaded
+    once per (lock, python, arch) into a control-node cache. A cached wheel whose hash is not in the lock is
+    refused."""
+    lock_id = hub_lock.sha256(hub_lock.LOCK)[:12]
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
-                         "inference-nodes", "wheels", f"cp{pyver}-{machine}-hf{HUB_VERSION}")
+                         "inference-nodes", "wheels", f"cp{pyver}-{machine}-hf{HUB_VERSION}-{lock_id}")
     with _wheel_locks.setdefault(cache, gevent.lock.Semaphore()):
         if not os.path.exists(os.path.join(cache, ".complete")):
             os.makedirs(cache, exist_ok=True)
-            platforms = []
-            for tag in ("manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux_2_34", "manylinux_2_31"):
-                platforms += ["--platform", f"{tag}_{machine}"]
-            cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", pyver,
-                   "--implementation", "cp", *platforms, "-d", cache, f"huggingface_hub=={HUB_VERSION}"]
+            cmd = hub_lock.download_command(pyver, machine, cache, "--require-hashes", "-r", hub_lock.LOCK)
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"pip download for cp{pyver}/{machine} failed: {proc.stderr.strip()[-400:]}")
             open(os.path.join(cache, ".complete"), "w").close()
-    return sorted(os.path.join(cache, f) for f in os.listdir(cache) if f.endswith(".whl"))
+    wheels = sorted(os.path.join(cache, f) for f in os.listdir(cache) if f.endswith(".whl"))
+    allowed = hub_lock.lock_hashes()
+    bad = [os.path.basename(w) for w in wheels if hub_lock.sha256(w) not in allowed]
+    if bad:
+        raise RuntimeError(f"wheel(s) in {cache} not in {hub_lock.LOCK} (refused): {', '.join(bad)}")
+    return wheels
+
+
+def node_install_command(pip: str, wheels: str) -> list[str]:
+    """What the node runs: only the locked wheels from ``wheels``, each checked against the lock's hashes."""
+    return [pip, "install", "-q", "--require-hashes", "--no-index", "--find-links", wheels,
+            "-r", f"{wheels}/{HUB_LOCK_NAME}"]
 
 
 @operation()
 def hub_client_installed(venv: str):
-    """The pinned huggingface_hub in ``venv`` on the node, installed from wheels the control node pushes.
+    """The pinned huggingface_hub in ``venv`` on the node, installed with --require-hashes from the wheels the
+    control node pushes; the lock it was installed from is kept in the venv, so a new lock reinstalls.
 
     + venv: the venv path on the node
     """
     have = host.get_fact(Command, command=f"{venv}/bin/python -c 'import huggingface_hub as h; print(h.__version__)' "
-                                          "2>/dev/null || true")
-    if have == HUB_VERSION:
-        host.noop(f"huggingface_hub {HUB_VERSION} in {venv}")
+                                          f"2>/dev/null; sha256sum {venv}/{HUB_LOCK_NAME} 2>/dev/null | cut -c1-64; "
+                                          "true")
+    if (have or "").split() == [HUB_VERSION, hub_lock.sha256(hub_lock.LOCK)]:  # None: no output
+        host.noop(f"huggingface_hub {HUB_VERSION} in {venv}, from the current lock")
         return
     node = host.get_fact(Command, command="python3 -c 'import sys, platform; "
                                           "print(f\"{sys.version_info[0]}{sys.version_info[1]} {platform.machine()}\")'")
     pyver, machine = node.split()
+    if pyver not in hub_lock.PYTHONS or machine not in hub_lock.MACHINES:
+        yield fail_host(f"{host.name}: the hub client lock has no wheels for Python {pyver[0]}.{pyver[1:]} on "
+                        f"{machine}: add it to deploys/hub_lock.py and run `python -m deploys.hub_lock`")
+        return
     try:
         wheels = control_wheels(pyver, machine)
     except RuntimeError as e:
         yield fail_host(f"{host.name}: {e}")
         return
     yield StringCommand("rm", "-rf", NODE_WHEELS, "&&", "mkdir", "-p", NODE_WHEELS)
-    for wheel in wheels:
+    for wheel in [*wheels, hub_lock.LOCK]:
         yield FileUploadCommand(wheel, f"{NODE_WHEELS}/{os.path.basename(wheel)}")
     yield StringCommand("python3", "-m", "venv", "--clear", venv)
-    yield StringCommand(f"{venv}/bin/pip", "install", "-q", "--no-index", "--find-links", NODE_WHEELS,
-                        f"huggingface_hub=={HUB_VERSION}")
+    yield StringCommand(*node_install_command(f"{venv}/bin/pip", NODE_WHEELS))
+    yield StringCommand("cp", f"{NODE_WHEELS}/{HUB_LOCK_NAME}", f"{venv}/{HUB_LOCK_NAME}")
 
 
 @operation()
@@ -194,6 +223,10 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
                         f"present fetches nothing): {'; '.join(problems[:20]) or 'not verified'}")
         return
     refetch, extra = result.get("refetch", []), result.get("extra", [])
+    known = {e["path"] for e in read_manifest(node_config().model_manifest)["files"]}
+    if stray := sorted(set(refetch) - known):  # the node's report is not trusted with paths either
+        yield fail_host(f"{host.name}: the node asks for files the manifest does not list: {stray[:5]!r}")
+        return
     needed = result.get("refetch_bytes", 0)
     free = host.get_fact(FreeBytes, path=dest_dir)
     if free < needed:
@@ -203,11 +236,10 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
     logger.info(f"{host.name}: model snapshot needs {len(refetch)} file(s) ({needed} bytes): "
                 f"{'; '.join(problems[:10])}")
     stale = sorted(set(refetch) | set(extra))
-    if stale:  # bad files (the cache layout's blobs, local_dir metadata too) go before the fetch
-        script = ('cd "$1" || exit 0; shift; for f in "$@"; do t=$(readlink -f -- "$f"); rm -f -- "$f" '
-                  '".cache/huggingface/download/$f.metadata"; case "$t" in "$0"/*) rm -f -- "$t";; esac; done')
-        yield StringCommand("sh", "-c", QuoteString(script), QuoteString(dest_dir), QuoteString(snapshot_dir),
-                            *(QuoteString(p) for p in stale))
+    if stale:  # bad files (the cache layout's blobs, local_dir metadata too) go before the fetch, never
+        # through a link out of the snapshot (the verifier's remove_paths)
+        yield StringCommand("python3", VERIFIER, "--remove", QuoteString(dest_dir), "--", MANIFEST,
+                            QuoteString(snapshot_dir), *(QuoteString(p) for p in stale))
     if refetch:  # parallel rsync streams must not race to create the directories (mkdir: File exists)
         made = {dest_dir, snapshot_dir} | ({f"{dest_dir}/blobs"} if snapshot_dir != dest_dir else set())
         made |= {posixpath.join(snapshot_dir, posixpath.dirname(p)) for p in refetch if "/" in p}
@@ -237,8 +269,8 @@ def model_snapshot():
                f"deploys.model_manifest {cfg.model_repo} {cfg.model_revision}`, review and commit it"
         refuse(name="Refuse a model without a trusted manifest", message=fail)
         return
-    apt.packages(name="Install what the verifier and rsync need", packages=["python3", "rsync"],
-                 update=True, cache_time=86400)
+    apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
+    apt.packages(name="Install what the verifier and rsync need", packages=["python3", "rsync"])
     batch = (VERIFIER, MANIFEST, GATE, HUB_DOWNLOAD, f"{cfg.model_dir}/refs/main", model_fanout.PEER_PULL)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     atomic_put(batch=batch, name="Install the snapshot verifier", src=os.path.join(here, "files/model_snapshot/verify_snapshot.py"),
@@ -250,8 +282,7 @@ def model_snapshot():
     atomic_put(batch=batch, name="Install the model start gate", src=StringIO(render_gate(cfg.snapshot_dir)), dest=GATE,
               user="root", group="root", mode="0755")
     if cfg.model_sync_mode == "hub":
-        apt.packages(name="Install python3-venv for the hub client", packages=["python3-venv"],
-                     update=True, cache_time=86400)
+        apt.packages(name="Install python3-venv for the hub client", packages=["python3-venv"])
         hub_client_installed(name=f"Install huggingface_hub {HUB_VERSION} (wheels from the control node)",
                              venv=cfg.model_hub_venv)
         atomic_put(batch=batch, name="Install the hub download helper", src=os.path.join(here, "files/model_snapshot/hub_download.py"),
@@ -259,6 +290,8 @@ def model_snapshot():
         if cfg.model_hub_token_file:
             secret_file(name="Install the hub token (0600, never printed)", src=cfg.model_hub_token_file,
                         dest=HUB_TOKEN)
+    if cfg.model_sync_mode != "hub" or not cfg.model_hub_token_file:  # a token no longer configured leaves the node
+        files.file(name="Remove a hub token no longer in the inventory", path=HUB_TOKEN, present=False)
     if cfg.model_layout == "hf_cache":
         atomic_put(batch=batch, name="Write refs/main (offline loads, cache tools)", src=StringIO(cfg.model_revision),
                   dest=f"{cfg.model_dir}/refs/main", user="root", group="root", mode="0644", create_remote_dir=True)

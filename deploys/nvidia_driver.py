@@ -17,6 +17,7 @@ from pyinfra.facts.server import OsRelease
 from pyinfra.operations import apt, server
 from pyinfra.operations.util import any_changed
 
+from deploys.apt_state import apt_lists_updated, lock_waiting
 from deploys.inventory import node_config
 from deploys.ops import apt_held, atomic_put, fail_host, flat_repo_source, keyring_verified
 from deploys.schema import NodeConfig, NvidiaDriverKeys, defaults_of
@@ -107,7 +108,7 @@ def branch_allowed(branch: str, allow_change: bool):
     logger.warning(f"{host.name}: moving from {', '.join(found)} to branch {branch} (allow_driver_change)")
     held = sorted(n for n in others if n in packages.get("held", []))
     if held:
-        yield StringCommand("apt-mark", "unhold", *held)
+        yield lock_waiting("apt-mark", "unhold", *held)
     # Packages named after the old branch (nvidia-driver-pinning-590) go; the rest is downgraded by the pin.
     named = sorted(n for n, v in others.items() if n.endswith(f"-{DRIVER_VERSION.match(v)['branch']}"))
     if named:
@@ -130,7 +131,7 @@ def driver_installed(packages: list[str], branch: str):
         return
     wanted = sorted(set(packages) | set(off_branch))
     # fresh lists first: an interrupted earlier run may have added the source without updating them
-    yield StringCommand("apt-get", "update", "-qq")
+    yield lock_waiting("apt-get", "update", "-qq")
     yield StringCommand(
         "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "--allow-downgrades",
         "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold", *wanted,
@@ -218,11 +219,10 @@ def nvidia_driver():
     if cfg.nvidia_driver_source != "preinstalled":
         repo_changes = [pin]
         if cfg.nvidia_driver_source == "cuda_repo":
+            apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
             apt.packages(
                 name="Install what fetching and checking the repo key needs",
                 packages=["curl", "gpg", "ca-certificates"],
-                update=True,
-                cache_time=86400,
             )
             repo_changes.append(keyring_verified(
                 name="Install NVIDIA's repo key (fingerprint checked)",
@@ -250,7 +250,7 @@ def nvidia_driver():
             commands=["if command -v update-initramfs >/dev/null; then update-initramfs -u; fi"],
             _if=nouveau.did_change,
         )
-        apt.update(name="Update apt lists after a source or pin change", _if=any_changed(*repo_changes))
+        apt_lists_updated(name="Update apt lists after a source or pin change", _if=any_changed(*repo_changes))
         driver_installed(
             name=f"Install driver branch {branch}: {', '.join(cfg.driver_packages)}",
             packages=cfg.driver_packages,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import posixpath
+import uuid
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
@@ -74,24 +76,22 @@ def refuse(message: str):
 
 @operation()
 def keyring_verified(url: str, fingerprint: str, dest: str):
-    """Fetch an apt signing key on the node, refuse it unless it has ``fingerprint``, store it dearmored.
+    """Fetch an apt signing key on the node and install only the key with ``fingerprint``, refusing a file
+    that holds any other primary key (files/apt/install_signing_key.sh). A keyring on the node that holds
+    anything but that one primary key is replaced.
 
     + url: where the key is published (https:// or file://)
-    + fingerprint: the full 40-hex fingerprint it must carry
+    + fingerprint: the full 40-hex fingerprint of its one primary key
     + dest: keyring path for ``Signed-By:``
     """
-    if fingerprint in host.get_fact(KeyringFingerprints, path=dest):
-        host.noop(f"{dest} holds key {fingerprint}")
+    if host.get_fact(KeyringFingerprints, path=dest) == [fingerprint]:
+        host.noop(f"{dest} holds key {fingerprint} alone")
         return
-    script = (
-        'set -e; t=$(mktemp); trap \'rm -f "$t" "$t.gpg"\' EXIT; curl -fsSL "$1" -o "$t"; '
-        'if ! gpg --show-keys --with-colons "$t" 2>/dev/null | grep -q "^fpr:*$2:"; then '
-        'echo "key at $1 does not have fingerprint $2: refused" >&2; exit 1; fi; '
-        'if grep -q "BEGIN PGP PUBLIC KEY" "$t"; then gpg --dearmor < "$t" > "$t.gpg"; else cp "$t" "$t.gpg"; fi; '
-        'install -D -m 0644 "$t.gpg" "$3"'
-    )
-    yield StringCommand("sh", "-c", QuoteString(script), "keyring", QuoteString(url), QuoteString(fingerprint),
-                        QuoteString(dest))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(here, "files/apt/install_signing_key.sh")) as f:
+        script = f.read()
+    yield StringCommand("sh", "-c", QuoteString(script), "install_signing_key", QuoteString(url),
+                        QuoteString(fingerprint), QuoteString(dest))
 
 
 @operation()
@@ -105,13 +105,34 @@ def apt_held(packages: list[str]):
     if not missing:
         host.noop(f"{len(packages)} package(s) held")
         return
-    yield StringCommand("apt-mark", "hold", *missing)
+    from deploys.apt_state import lock_waiting  # (apt_state builds on this module)
+
+    yield lock_waiting("apt-mark", "hold", *missing)  # dpkg's selections: waits for a held dpkg lock
+
+
+def upload_private(src, dest: str):
+    """The commands that upload ``src`` (a path or a file-like object) to ``dest`` without it ever lying in
+    a file other users can read on the way (yield them from an operation).
+
+    As root, SFTP writes ``dest`` itself. Under ``_sudo`` pyinfra uploads to a file in /tmp that SFTP
+    creates 0644 and then `sudo cp`s it: here that file sits in a directory only the SSH user can enter,
+    made by that user (mkdir fails on anything already there, a planted symlink included), removed after
+    the copy (a killed run leaves it behind, still 0700).
+    """
+    if not host.data.get("_sudo"):
+        yield FileUploadCommand(src, dest)
+        return
+    private = f"/tmp/inference-nodes-upload-{uuid.uuid4().hex}"
+    yield StringCommand("mkdir", "-m", "0700", private, _sudo=False)
+    yield FileUploadCommand(src, dest, remote_temp_filename=f"{private}/secret")
+    yield StringCommand("rm", "-rf", private, _sudo=False)
 
 
 @operation()
 def secret_file(src: str, dest: str):
     """Copy a secret from the control node, mode 0600 root, without ever printing its content
-    (files.put would show it under --diff).
+    (files.put would show it under --diff). Under ``_sudo`` the upload passes only through a 0700
+    directory of the SSH user, never a world-readable temporary file.
 
     + src: control-node path
     + dest: node path
@@ -124,5 +145,5 @@ def secret_file(src: str, dest: str):
         return
     yield StringCommand("install", "-d", "-m", "0700", "-o", "root", "-g", "root", QuoteString(dest.rsplit("/", 1)[0]))
     yield StringCommand("touch", QuoteString(dest), "&&", "chmod", "0600", QuoteString(dest))
-    yield FileUploadCommand(src, dest)
+    yield from upload_private(src, dest)  # into the 0600 file made above
     yield StringCommand("chown", "root:root", QuoteString(dest), "&&", "chmod", "0600", QuoteString(dest))

@@ -14,6 +14,7 @@ Rules that need the whole group (tensor-parallel size, ranks, head address) are 
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import unicodedata
 from collections import defaultdict
@@ -292,13 +293,12 @@ class ModelKeys(_Keys):
         if not HEX40.fullmatch(self.model_revision):
             raise _KeyError("model_revision", self.model_revision, "a 40-hex commit id (lower case)")
         if self.model_manifest is not None:
-            import json
+            from deploys.model_manifest import ManifestError, read_manifest
 
-            try:
-                with open(self.model_manifest) as f:
-                    manifest = json.load(f)
-            except (OSError, ValueError) as e:
-                raise _KeyError("model_manifest", self.model_manifest, f"a readable manifest ({e})") from None
+            try:  # shape and every entry: relative, normalised, inside the snapshot, no duplicates
+                manifest = read_manifest(self.model_manifest)
+            except ManifestError as e:
+                raise _KeyError("model_manifest", self.model_manifest, f"a valid manifest ({e})") from None
             if (manifest.get("repo"), manifest.get("commit")) != (self.model_repo, self.model_revision):
                 raise _KeyError(
                     "model_manifest", self.model_manifest,
@@ -357,6 +357,7 @@ DERIVED_VLLM_FLAGS = {
     "--node-rank": "node_rank", "-r": "node_rank",
     "--master-addr": "the head's fabric_address", "--master-port": "vllm_master_port",
     "--headless": "node_rank > 0",
+    "--speculative-config": "vllm_speculative_config", "-sc": "vllm_speculative_config",
     "--host": "api_bind_address", "--port": "api_port",
 }
 
@@ -385,8 +386,13 @@ class ContainerKeys(_Keys):
     container_privileged: bool = _key(False, description="run `--privileged` (deployment A did; least privilege otherwise)")
     container_ipc_host: bool = _key(False, description="share the host's IPC namespace (`--ipc=host`); excludes `container_shm_size`")
     container_shm_size: str | None = _key(
-        None, description="container /dev/shm size (`ShmSize=`, e.g. `16g`); Podman refuses it with `--ipc=host`",
+        None, description="container /dev/shm size (`ShmSize=`, e.g. `16g`); unset without `container_ipc_host`: "
+        "`kv_offload_gib + shm_headroom_gib` (never Podman's 64 MiB default); Podman refuses it with `--ipc=host`",
         pattern=r"^[0-9]+[bkmg]?$",
+    )
+    container_devices: list[AbsPath] = _key(
+        [], description="host devices passed into the container (`AddDevice=`): `/dev/infiniband` for NCCL's "
+        "RoCE/InfiniBand transport; preflight refuses a node that lacks one",
     )
     service_env: EnvMap = _key({}, description="environment of the serving process (deployment A's image builds vLLM args from it)")
     vllm_launch: Literal["cli", "image_env"] = _key(
@@ -409,6 +415,11 @@ class ContainerKeys(_Keys):
     )
     vllm_master_port: int = _key(
         29500, description="multi-node clusters: the head's torch.distributed port (`--master-port`)", ge=1, le=65535
+    )
+    vllm_speculative_config: dict[str, Any] | None = _key(
+        None, description="`cli` launch: speculative decoding, rendered as `--speculative-config <JSON>` (vLLM's "
+        "SpeculativeConfig: `method`, `num_speculative_tokens`, ...); an external draft `model` must be pinned by a "
+        "40-hex `revision`",
     )
     vllm_args: list[str] = _key([], description="extra vLLM flags after the derived ones (`cli` launch only)")
     model_mount: AbsPath = _key("/models", description="where the model directory is mounted read-only in the container")
@@ -437,6 +448,10 @@ class ContainerKeys(_Keys):
         if self.vllm_launch == "image_env":
             if not self.container_exec:
                 raise _KeyError("container_exec", None, "the image's serving script, since vllm_launch is image_env")
+            if self.vllm_speculative_config is not None:
+                raise _KeyError("vllm_speculative_config", self.vllm_speculative_config,
+                                "unset with vllm_launch image_env (the image's script sets speculative decoding "
+                                "from service_env)")
             if self.vllm_args:
                 raise _KeyError("vllm_args", self.vllm_args,
                                 "no flags with vllm_launch image_env (the image's script builds vLLM's arguments "
@@ -460,6 +475,27 @@ class ContainerKeys(_Keys):
                 if flag:
                     raise _KeyError("vllm_args", arg,
                                     f"no {flag}: the toolkit derives it ({DERIVED_VLLM_FLAGS[flag]})")
+        return self
+
+    @model_validator(mode="after")
+    def _speculative_config(self) -> ContainerKeys:
+        spec = self.vllm_speculative_config
+        if spec is None:
+            return self
+        if not isinstance(spec.get("method"), str) or not re.fullmatch(r"[a-z0-9_]+", spec["method"]):
+            raise _KeyError("vllm_speculative_config", spec, "a `method` (e.g. mtp, eagle3, draft_model)")
+        tokens = spec.get("num_speculative_tokens")
+        if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or not 1 <= tokens <= 64):
+            raise _KeyError("vllm_speculative_config", spec, "num_speculative_tokens a whole number from 1 to 64")
+        if "model" in spec and not (isinstance(spec.get("revision"), str) and HEX40.fullmatch(spec["revision"])):
+            raise _KeyError("vllm_speculative_config", spec,
+                            "a 40-hex `revision` beside the external draft `model`: a re-uploaded drafter changes "
+                            "what is served (seed 003)")
+        try:
+            json.dumps(spec, allow_nan=False)
+        except (TypeError, ValueError):
+            raise _KeyError("vllm_speculative_config", spec, "plain JSON values (strings, numbers, booleans, "
+                            "lists, objects)") from None
         return self
 
     @model_validator(mode="after")
@@ -718,6 +754,16 @@ class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKey
         return self
 
     @model_validator(mode="after")
+    def _container_shm_holds_what_it_needs(self) -> NodeConfig:
+        have = self.container_shm_bytes
+        if have is not None and have < self.shm_required_bytes:
+            raise _KeyError("container_shm_size", self.container_shm_size,
+                            f"at least {self.shm_required_bytes / 2**30:g} GiB: the container's /dev/shm "
+                            f"holds kv_offload_gib {self.kv_offload_gib:g} + shm_headroom_gib "
+                            f"{self.shm_headroom_gib:g} (or container_ipc_host: true to use the host's)")
+        return self
+
+    @model_validator(mode="after")
     def _cross_component(self) -> NodeConfig:
         offload = self.service_env.get("KV_OFFLOADING_SIZE")
         if offload is not None:
@@ -759,6 +805,23 @@ class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKey
     @property
     def shm_required_bytes(self) -> int:
         return int((self.kv_offload_gib + self.shm_headroom_gib) * 2**30)
+
+    @property
+    def container_shm_bytes(self) -> int | None:
+        """The /dev/shm the container really gets: the host's with `--ipc=host` (None: checked on the node),
+        else `ShmSize=` (:attr:`shm_size_rendered`)."""
+        if self.container_ipc_host:
+            return None
+        number, unit = re.fullmatch(r"([0-9]+)([bkmg]?)", self.shm_size_rendered).groups()
+        return int(number) * {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}[unit]
+
+    @property
+    def shm_size_rendered(self) -> str | None:
+        """`ShmSize=` of the unit: `container_shm_size`, or (unset, without host IPC) what the container
+        needs rounded up to MiB, never Podman's 64 MiB default."""
+        if self.container_ipc_host:
+            return None
+        return self.container_shm_size or f"{-(-self.shm_required_bytes // 2**20)}m"
 
 
 COMPONENT_KEYS: dict[str, type[_Keys]] = {
@@ -1023,7 +1086,7 @@ def cluster_problems(configs: dict[str, NodeConfig]) -> list[Problem]:
                 for name in names:
                     problems.append(Problem(name, "fabric_address", addr, f"an address unique in cluster {cluster}"))
         for key in ("model_repo", "model_revision", "model_manifest", "image", "image_digest", "tensor_parallel_size",
-                    "vllm_launch", "vllm_command", "vllm_args", "served_model_name", "vllm_master_port",
+                    "vllm_launch", "vllm_command", "vllm_args", "vllm_speculative_config", "served_model_name", "vllm_master_port",
                     "container_exec", "service_env", "model_mount", "model_layout", "gpu_indices"):
             values = {repr(getattr(cfg, key)) for _, cfg in members}
             if len(values) > 1:

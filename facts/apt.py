@@ -1,8 +1,7 @@
-"""apt facts pyinfra does not ship: holds, and the key fingerprints of a keyring file."""
+"""apt facts pyinfra does not ship: holds, and the primary-key fingerprints of a keyring file."""
 
 from __future__ import annotations
 
-import re
 import shlex
 
 from pyinfra.api import FactBase
@@ -24,16 +23,22 @@ class AptHolds(FactBase[list]):
 
 
 class KeyringFingerprints(FactBase[list]):
-    """Fingerprints of the keys in an OpenPGP keyring file ([] when absent or unreadable)."""
+    """Fingerprints of the primary keys in an OpenPGP keyring file, subkeys left out ([] when absent or
+    unreadable): a keyring the deploy wrote holds exactly one."""
 
     default = list
 
     def command(self, path: str) -> str:
         q = shlex.quote(path)
-        return (
-            f"if [ -f {q} ] && command -v gpg >/dev/null; then "
-            f"gpg --show-keys --with-colons {q} 2>/dev/null | awk -F: '$1==\"fpr\" {{print $10}}'; fi"
-        )
+        return f"if [ -f {q} ] && command -v gpg >/dev/null; then gpg --show-keys --with-colons {q} 2>/dev/null; fi"
 
     def process(self, output: list[str]) -> list[str]:
-        return [line.strip() for line in output if re.fullmatch(r"[0-9A-F]{40}", line.strip())]
+        primaries, after_primary = [], False  # the fpr line right after a pub/sec line is the primary's
+        for line in output:
+            fields = line.strip().split(":")
+            if fields[0] in ("pub", "sec"):
+                after_primary = True
+            elif fields[0] == "fpr" and after_primary:  # any primary counts, whatever its fingerprint's form
+                after_primary = False
+                primaries.append(fields[9] if len(fields) > 9 else "")
+        return primaries

@@ -6,17 +6,26 @@
 FILE paths are relative to the snapshot. In the `hf_cache` layout the snapshot's symlinks come first (tiny), and
 the blobs they point at follow; in `plain` the files themselves. Sizes come from the manifest so the streams are
 balanced, largest first. Exit status: 0 every stream succeeded, 1 otherwise (each failure named).
+
+The peer is not trusted with paths: the manifest is checked as the verifier checks it, every FILE must be one of
+its entries, and a link the peer sends that is absolute or resolves outside the snapshot (hf_cache: outside the
+repo's blobs/) is deleted again and refused, before any blob is fetched through it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
+
+try:  # on the control node
+    from files.model_snapshot.verify_snapshot import ManifestError, link_problem, read_manifest
+except ImportError:  # on the node: installed beside the verifier (/usr/local/lib/inference-nodes/)
+    from verify_snapshot import ManifestError, link_problem, read_manifest
 
 
 def balanced(paths: list[str], sizes: dict[str, int], streams: int) -> list[list[str]]:
@@ -51,6 +60,25 @@ def parallel_rsync(options: list[str], src: str, dest: str, groups: list[list[st
     return failures
 
 
+def refuse_links(root: str, files: list[str]) -> list[str]:
+    """The pulled ``files`` (relative to the snapshot ``root``) that are absolute links or resolve outside it
+    (hf_cache: outside the repo's blobs/), each deleted again (the link only, never what it points at)."""
+    refused = []
+    for rel in files:
+        if why := link_problem(root, rel):
+            refused.append(f"{rel}: {why}")
+            os.unlink(os.path.join(root, rel))
+    return refused
+
+
+def blob_targets(dest: str, snapshot: str, files: list[str], sizes: dict[str, int]) -> dict[str, int]:
+    """hf_cache: the blobs (relative to DEST) the pulled snapshot links point at, with their sizes (the links
+    already checked; a regular file came with the links)."""
+    root, real_dest = os.path.join(dest, snapshot), os.path.realpath(dest)
+    return {os.path.relpath(os.path.realpath(os.path.join(root, rel)), real_dest): sizes[rel]
+            for rel in files if os.path.islink(os.path.join(root, rel))}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("url")
@@ -63,29 +91,37 @@ def main() -> int:
     ap.add_argument("files", nargs="+")
     args = ap.parse_args()
 
-    with open(args.manifest) as f:
-        sizes = {e["path"]: e["size"] for e in json.load(f)["files"]}
+    try:
+        sizes = {e["path"]: e["size"] for e in read_manifest(args.manifest)["files"]}
+    except ManifestError as e:
+        print(e, file=sys.stderr)
+        return 1
+    if unknown := [f for f in args.files if f not in sizes]:
+        print(f"refused: {', '.join(map(repr, unknown[:5]))} not in the manifest {args.manifest}", file=sys.stderr)
+        return 1
+    if args.layout == "hf_cache" and not re.fullmatch(r"snapshots/[0-9a-f]{40}", args.snapshot):
+        print(f"refused: --snapshot {args.snapshot!r} is not snapshots/COMMIT", file=sys.stderr)
+        return 1
+    root = os.path.join(args.dest, args.snapshot) if args.layout == "hf_cache" else args.dest
     started = time.monotonic()
     daemon = ["-a", "--contimeout=10", "--timeout=120", f"--password-file={args.password_file}"]
     with tempfile.TemporaryDirectory() as tmp:
         if args.layout == "plain":
-            wanted = {p: sizes.get(p, 0) for p in args.files}
+            wanted = {p: sizes[p] for p in args.files}
         else:
             links = [f"{args.snapshot}/{p}" for p in args.files]
             failures = parallel_rsync(daemon, args.url, args.dest + "/", [links], tmp)
             if failures:
                 print(f"snapshot links from {args.url}: {'; '.join(failures)}", file=sys.stderr)
                 return 1
-            wanted = {}
-            for rel, link in zip(args.files, links):
-                if not os.path.islink(os.path.join(args.dest, link)):
-                    continue  # the peer holds a regular file there: it came with the links
-                target = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(os.path.join(args.dest, link))))
-                if target.startswith(".."):
-                    print(f"{link} points outside {args.dest}: refused", file=sys.stderr)
-                    return 1
-                wanted[target] = sizes.get(rel, 0)
+            if refused := refuse_links(root, args.files):  # before any blob is fetched through them
+                print(f"links from {args.url} refused: {'; '.join(refused[:5])}", file=sys.stderr)
+                return 1
+            wanted = blob_targets(args.dest, args.snapshot, args.files, sizes)
         failures = parallel_rsync(daemon, args.url, args.dest + "/", balanced(list(wanted), wanted, args.streams), tmp)
+    if refused := refuse_links(root, args.files):  # a blob that is itself a link out; plain: a file sent as a link
+        print(f"pulled links refused: {'; '.join(refused[:5])}", file=sys.stderr)
+        return 1
     if failures:
         print(f"pull from {args.url} failed: {' | '.join(failures)}", file=sys.stderr)
         return 1

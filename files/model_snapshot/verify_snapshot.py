@@ -4,6 +4,7 @@
     verify_snapshot.py MANIFEST DIR [--stamp FILE] [--full] [--record FILE] [--jobs N] [--json] [--quiet]
                        [--max-rate MB_S] [--drop-cold] [--stop-service UNIT] [--check-only]
     verify_snapshot.py MANIFEST DIR --gate [--stamp FILE]
+    verify_snapshot.py --remove WITHIN -- MANIFEST DIR PATH...
 
 Checks, in order: the file set (missing and extra files), sizes, the safetensors index's weight map
 against the manifest's shards, then content hashes (sha256 for LFS files, git blob sha1 for small
@@ -18,6 +19,11 @@ not the copy, is the limit). One thread per core; hashlib releases the GIL. benc
 
 --gate never hashes: it passes only when the stamp matches this manifest and every file's
 size/mtime/inode (the service's start precondition), and names the files that differ.
+--remove deletes bad and extra files before a fetch, never through a link out of DIR (remove_paths).
+
+Manifest entries are data, never trusted as paths: check_manifest refuses anything but relative, normalised
+paths of a safe character set, and no link in the snapshot may be absolute or resolve outside it (in the
+hf_cache layout: outside the repo's blobs/). deploys/model_manifest.py and peer_pull.py use these checks.
 Exit status: 0 good, 1 bad, 2 usage/manifest error.
 """
 
@@ -29,6 +35,8 @@ import hashlib
 import json
 import mmap
 import os
+import re
+import stat
 import subprocess
 import sys
 import tempfile
@@ -38,7 +46,15 @@ import time
 READ_CHUNK = 4 * 1024 * 1024  # cold files: large requests keep the device busy (the copy is not the limit there)
 MAP_WINDOW = 8 * 1024 * 1024  # cached files: hashed in place, this much per update (progress, rate cap)
 STAMP_NAME = ".inference-nodes-verified.json"
-IGNORED_DIRS = {".cache"}  # huggingface_hub's local_dir metadata
+IGNORED_DIRS = {".cache"}  # huggingface_hub's local_dir metadata (at the top of the snapshot only)
+HF_METADATA = ".cache/huggingface/download"  # where it keeps a file's metadata
+MANIFEST_KEYS = {"repo", "commit", "files"}
+ENTRY_KEYS = {"path", "size", "sha256", "git_sha1"}
+HASH_LENGTH = {"sha256": 64, "git_sha1": 40}
+HEX = re.compile(r"[0-9a-f]+")
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+SAFE_PATH = re.compile(r"[A-Za-z0-9._+@=,/-]+")
+SAFE_CHARS = re.compile(r"[A-Za-z0-9._+@=,/-]")
 
 
 def manifest_digest(manifest: dict) -> str:
@@ -47,18 +63,171 @@ def manifest_digest(manifest: dict) -> str:
     return "sha256:" + hashlib.sha256(canonical).hexdigest()
 
 
-def load_manifest(path: str) -> dict:
-    with open(path) as f:
-        manifest = json.load(f)
-    for key in ("repo", "commit", "files"):
-        if key not in manifest:
-            raise ValueError(f"manifest {path} has no '{key}'")
-    for entry in manifest["files"]:
-        if not entry.get("path") or not isinstance(entry.get("size"), int) or not (
-            entry.get("sha256") or entry.get("git_sha1")
-        ):
-            raise ValueError(f"manifest {path}: bad entry {entry!r}")
+class ManifestError(ValueError):
+    """A manifest that is not a well-formed list of safe paths; the message names the file and the entry."""
+
+
+def _kind(value) -> str:
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _hex(value, length: int) -> bool:
+    return isinstance(value, str) and len(value) == length and bool(HEX.fullmatch(value))
+
+
+def path_problem(rel) -> str | None:
+    """Why ``rel`` cannot be a manifest path (None: it can). It must be relative and normalised, and use only
+    characters that rsync's --files-from, the shell and Quadlet's Volume= take as they are (every file name
+    of the usual model repos does: `model-00001-of-00046.safetensors`, `original/params.json`)."""
+    if not isinstance(rel, str) or not rel:
+        return f"the path is {_kind(rel) if not isinstance(rel, str) else 'empty'}, not a file name"
+    if any(c < " " or c == "\x7f" for c in rel):
+        return "a control character in the path"
+    if "\\" in rel:
+        return "a backslash in the path (paths use '/')"
+    if rel.startswith("/"):
+        return "an absolute path (entries are relative to the snapshot)"
+    parts = rel.split("/")
+    if "." in parts or ".." in parts:
+        return "a '.' or '..' component (entries are normalised and stay inside the snapshot)"
+    if "" in parts:
+        return "an empty component ('//' or a trailing '/')"
+    if not SAFE_PATH.fullmatch(rel):
+        odd = "".join(sorted(set(SAFE_CHARS.sub("", rel))))
+        return f"characters outside [A-Za-z0-9._+@=,-] and '/': {odd!r}"
+    if any(p.startswith("-") for p in parts):
+        return "a component starting with '-' (it would read as an option)"
+    if parts[0] in IGNORED_DIRS or rel == STAMP_NAME:
+        return f"{parts[0]!r}, which is the verifier's own bookkeeping"
+    return None
+
+
+def check_manifest(manifest, source: str) -> dict:
+    """``manifest`` (parsed JSON) if it is a well-formed manifest, else ManifestError naming ``source`` and the
+    entry: {"repo", "commit": 40 hex, "files": [{"path", "size", and one of "sha256" / "git_sha1"}]}, every path
+    safe (path_problem), no path twice, no path that is also another one's directory."""
+    def fail(what: str):
+        raise ManifestError(f"manifest {source}: {what}")
+
+    if not isinstance(manifest, dict):
+        fail(f"expected a JSON object with repo, commit and files, got {_kind(manifest)}")
+    if missing := sorted(MANIFEST_KEYS - manifest.keys()):
+        fail(f"missing key(s) {', '.join(map(repr, missing))} (a manifest has repo, commit and files)")
+    if unknown := sorted(manifest.keys() - MANIFEST_KEYS):
+        fail(f"unknown key(s) {', '.join(map(repr, unknown))} (a manifest has repo, commit and files)")
+    if not isinstance(manifest["repo"], str) or not REPO_ID.fullmatch(manifest["repo"]):
+        fail(f"repo {manifest['repo']!r} is not an ORG/NAME repo id")
+    if not _hex(manifest["commit"], 40):
+        fail(f"commit {manifest['commit']!r} is not a 40-hex commit id")
+    files = manifest["files"]
+    if not isinstance(files, list) or not files:
+        fail(f"files must be a non-empty list, got {_kind(files) if files else 'an empty one'}")
+    seen: set[str] = set()
+    dirs: dict[str, str] = {}
+    for i, entry in enumerate(files):
+        if not isinstance(entry, dict):
+            fail(f"files[{i}]: expected an object with path, size and sha256 or git_sha1, got {_kind(entry)}")
+        rel = entry.get("path")
+        name = f"files[{i}] {json.dumps(rel)}" if isinstance(rel, str) else f"files[{i}]"
+        if problem := path_problem(rel):
+            fail(f"{name}: {problem}")
+        if unknown := sorted(entry.keys() - ENTRY_KEYS):
+            fail(f"{name}: unknown key(s) {', '.join(map(repr, unknown))} (an entry has path, size and "
+                 "sha256 or git_sha1)")
+        size = entry.get("size")
+        if type(size) is not int or size < 0:
+            fail(f"{name}: size {size!r} is not a whole number of bytes >= 0")
+        kinds = [k for k in HASH_LENGTH if k in entry]
+        if len(kinds) != 1:
+            fail(f"{name}: needs exactly one of sha256 (LFS files) or git_sha1 (small files), has "
+                 f"{' and '.join(kinds) or 'neither'}")
+        digest = entry[kinds[0]]
+        if not _hex(digest, HASH_LENGTH[kinds[0]]):
+            fail(f"{name}: {kinds[0]} {digest!r} is not {HASH_LENGTH[kinds[0]]} lower-case hex digits")
+        if rel in seen:
+            fail(f"{name}: listed twice")
+        seen.add(rel)
+        parts = rel.split("/")
+        for n in range(1, len(parts)):
+            dirs.setdefault("/".join(parts[:n]), rel)
+    if clash := sorted(seen & dirs.keys()):
+        fail(f"{json.dumps(clash[0])} is a file and also the directory of {json.dumps(dirs[clash[0]])}")
     return manifest
+
+
+def read_manifest(path: str) -> dict:
+    """The manifest at ``path``, checked (check_manifest); ManifestError for anything else, never a traceback."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except OSError as e:
+        raise ManifestError(f"manifest {path}: cannot be read ({e.strerror or e})") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ManifestError(f"manifest {path}: not JSON ({e or 'nested too deeply'})") from None
+    return check_manifest(manifest, path)
+
+
+def shown(rel: str) -> str:
+    """A path as a message shows it: quoted and escaped unless plain (a newline in a name cannot forge a line)."""
+    return rel if SAFE_PATH.fullmatch(rel) else repr(rel)
+
+
+def inside(path: str, root: str) -> bool:
+    """Whether ``path`` is ``root`` or below it (both already resolved)."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def link_boundary(root: str) -> str:
+    """Where a link in the snapshot ``root`` may resolve to: in the hf_cache layout (``…/snapshots/COMMIT``) the
+    repo folder's blobs/, which huggingface_hub links to as ``../../blobs/ETAG``; otherwise the snapshot itself."""
+    parent = os.path.dirname(os.path.normpath(root))
+    if os.path.basename(parent) == "snapshots":
+        return os.path.join(os.path.dirname(parent), "blobs")
+    return root
+
+
+def link_problem(root: str, rel: str, boundary: str | None = None) -> str | None:
+    """Why the link at ``root/rel`` is refused (None: no link, or a safe one): an absolute link, or one that
+    resolves outside ``boundary`` (default link_boundary(root)), is what a container would not see, or worse."""
+    path = os.path.join(root, rel)
+    if not os.path.islink(path):
+        return None
+    target = os.readlink(path)
+    if os.path.isabs(target):
+        return f"an absolute link to {target!r}"
+    boundary = boundary or link_boundary(root)
+    if not inside(os.path.realpath(path), os.path.realpath(boundary)):
+        return f"a link to {target!r}, which resolves outside {boundary}"
+    return None
+
+
+def remove_paths(root: str, within: str, paths: list[str]) -> list[str]:
+    """Delete ``paths`` (relative to the snapshot ``root``: bad and extra files) and their huggingface_hub
+    local_dir metadata, and a link's target too when it resolves inside ``within`` (the hf_cache blob).
+    Nothing is deleted through a directory that resolves outside ``root``. Returns what was refused."""
+    real_root, real_within = os.path.realpath(root), os.path.realpath(within)
+    refused = []
+    for rel in paths:
+        if not rel or os.path.isabs(rel) or any(p in ("", ".", "..") for p in rel.split("/")):
+            refused.append(f"{rel!r}: not a normalised path inside {root}")
+            continue
+        for sub in (rel, f"{HF_METADATA}/{rel}.metadata"):
+            path = os.path.join(root, sub)
+            if not inside(os.path.realpath(os.path.dirname(path)), real_root):
+                refused.append(f"{sub!r}: its directory resolves outside {root}")
+                continue
+            if not os.path.lexists(path):
+                continue
+            target = os.path.realpath(path) if os.path.islink(path) else None
+            try:
+                os.unlink(path)
+                if target and inside(target, real_within) and os.path.isfile(target):
+                    os.unlink(target)
+            except OSError as e:
+                refused.append(f"{sub!r}: {e.strerror}")
+    return refused
 
 
 class RateLimit:
@@ -122,9 +291,17 @@ def default_jobs(files: int) -> int:
 
 
 def list_files(root: str) -> set[str]:
+    """Every file under ``root``, relative, less the verifier's own bookkeeping (the stamp, huggingface_hub's
+    top-level .cache). A link to a directory is listed as a file, never walked into: links are checked."""
     out = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = [d for d in dirnames if d not in IGNORED_DIRS]
+        walk = []
+        for d in dirnames:
+            if os.path.islink(os.path.join(dirpath, d)):
+                out.add(os.path.relpath(os.path.join(dirpath, d), root))
+            elif not (dirpath == root and d in IGNORED_DIRS):
+                walk.append(d)
+        dirnames[:] = walk
         for name in filenames:
             if dirpath == root and name == STAMP_NAME:
                 continue
@@ -154,7 +331,8 @@ def write_stamp(path: str, stamp: dict) -> None:
 
 
 def stamp_changes(stamp: dict, root: str, manifest: dict) -> list[str]:
-    """The manifest's files whose size, inode or mtime differ from the stamp (what the gate names)."""
+    """The manifest's files whose size, inode or mtime differ from the stamp, and files the manifest does not
+    list (what the gate names: vLLM may import a stray *.py next to the weights with trust_remote_code)."""
     recorded = stamp.get("files", {})
     changes = []
     for entry in manifest["files"]:
@@ -173,6 +351,9 @@ def stamp_changes(stamp: dict, root: str, manifest: dict) -> list[str]:
             changes.append(f"REPLACED {rel} (inode {now[2]}, {was[2]} when verified)")
         elif was[1] != now[1]:
             changes.append(f"MODIFIED {rel} (mtime changed since it was verified)")
+    known = {e["path"] for e in manifest["files"]}
+    present = list_files(root) if os.path.isdir(root) else set()
+    changes += [f"EXTRA {shown(rel)} (not in the manifest)" for rel in sorted(present - known)]
     return changes
 
 
@@ -201,16 +382,29 @@ def structural_problems(manifest: dict, root: str, refetch: list[str] | None = N
         problems.append(f"MISSING {rel}")
         refetch.append(rel)
     for rel in sorted(present - set(expected)):
-        problems.append(f"EXTRA {rel}")
+        problems.append(f"EXTRA {shown(rel)}")
         extra.append(rel)
+    boundary = link_boundary(root)
+    bad_links = set()
+    for rel in sorted(present):
+        if why := link_problem(root, rel, boundary):
+            problems.append(f"LINK {shown(rel)}: {why}")
+            bad_links.add(rel)
+            if rel in expected:  # an extra one is in ``extra`` already
+                refetch.append(rel)
     to_hash = []
     for rel, entry in sorted(expected.items()):
-        if rel not in present:
+        if rel not in present or rel in bad_links:
             continue
         try:
-            size = os.stat(os.path.join(root, rel)).st_size
+            st = os.stat(os.path.join(root, rel))
         except OSError:  # a dangling snapshot -> blob link
             problems.append(f"MISSING {rel} (dangling link)")
+            refetch.append(rel)
+            continue
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):  # a directory or a FIFO (which would block the hashing)
+            problems.append(f"NOT A FILE {rel}")
             refetch.append(rel)
             continue
         if size != entry["size"]:
@@ -240,7 +434,7 @@ def verify(manifest_path: str, root: str, stamp_path: str | None = None, full: b
     """Verify and (when good) stamp. Returns {"ok", "problems", "manifest_digest", "files", "hashed", "mode"}.
     ``write=False`` checks only: no stamp is written or deleted."""
     started = time.monotonic()
-    manifest = load_manifest(manifest_path)
+    manifest = read_manifest(manifest_path)
     digest = manifest_digest(manifest)
     stamp_path = stamp_path or os.path.join(root, STAMP_NAME)
     result = {"manifest_digest": digest, "commit": manifest["commit"], "files": len(manifest["files"]),
@@ -289,7 +483,7 @@ def verify(manifest_path: str, root: str, stamp_path: str | None = None, full: b
 
 
 def gate(manifest_path: str, root: str, stamp_path: str | None = None) -> tuple[bool, str]:
-    manifest = load_manifest(manifest_path)
+    manifest = read_manifest(manifest_path)
     digest = manifest_digest(manifest)
     stamp_path = stamp_path or os.path.join(root, STAMP_NAME)
     stamp = read_stamp(stamp_path)
@@ -327,9 +521,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drop-cold", action="store_true", help="drop files that were not cached once hashed")
     ap.add_argument("--stop-service", metavar="UNIT", help="on a bad verdict, `systemctl stop UNIT`")
     ap.add_argument("--check-only", action="store_true", help="write and delete nothing (audits)")
+    ap.add_argument("--remove", metavar="WITHIN", help="delete PATH... from DIR (a link's target too if it is "
+                                                       "inside WITHIN); put `--` before MANIFEST")
+    ap.add_argument("paths", nargs="*", metavar="PATH")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
+    if args.paths and not args.remove:
+        ap.error("PATH... only with --remove")
+    if args.remove:
+        refused = remove_paths(args.dir, args.remove, args.paths)
+        for why in refused:
+            print(f"verify: refused to delete {why}", file=sys.stderr)
+        return 1 if refused else 0
     try:
         if args.gate:
             ok, message = gate(args.manifest, args.dir, args.stamp)

@@ -66,4 +66,4 @@ def test_registries_and_credentials(node):
         assert auth.is_file and auth.user == "root" and auth.mode == 0o600
         assert node.host.file("/etc/inference-nodes/secrets").mode == 0o700
     else:
-        assert not auth.exists
+        assert not auth.exists, f"{AUTH_FILE} is on the node but the inventory configures no registry_auth_file"

@@ -11,7 +11,7 @@ import pytest
 
 from deploys.model_fanout import SEED_DIR, SEED_UNIT
 from deploys.model_integrity import UNIT, UNIT_DIR, max_age_s, render_service, render_timer
-from deploys.model_snapshot import MANIFEST, RECORD, STAMP, VERIFIER
+from deploys.model_snapshot import HUB_TOKEN, MANIFEST, RECORD, STAMP, VERIFIER
 from files.model_snapshot.verify_snapshot import manifest_digest
 
 
@@ -45,6 +45,15 @@ def test_no_push_seed_or_run_secret_left(node):
     """A push fan-out serves peers only while its run lasts: no daemon, no secret afterwards."""
     assert not node.host.service(SEED_UNIT).is_running
     assert not node.host.file(SEED_DIR).exists
+
+
+def test_hub_token_only_where_configured(node):
+    """A hub token is on the node, 0600 root, exactly while the inventory configures one for hub mode."""
+    token = node.host.file(HUB_TOKEN)
+    if node.cfg.model_sync_mode == "hub" and node.cfg.model_hub_token_file:
+        assert token.is_file and token.user == "root" and token.mode == 0o600
+    else:
+        assert not token.exists, f"{HUB_TOKEN} is on the node but the inventory configures no hub token"
 
 
 def test_deep_verify_timer_is_installed_and_active(node):

@@ -2,7 +2,8 @@
 # Throwaway systemd test nodes: a Debian trixie rootfs (mmdebstrap) booted with `systemd-nspawn -b`,
 # sshd on 127.0.0.1:<port>. Several may run at once; reboots are supported; `down` leaves no process.
 #
-#   node.sh deps                  install the host packages the harness needs
+#   node.sh deps                  install the host packages the harness needs (and keep Debian's
+#                                 docker-registry service off: the harness runs its own on 127.0.0.1)
 #   node.sh build                 build (or reuse) the cached rootfs tarball
 #   node.sh up NAME PORT [GPUS] [FABRIC_ADDR]
 #                                 boot a fresh node from the tarball (idempotent while it runs); GPUS =
@@ -34,18 +35,37 @@ REGISTRY_ADDR=127.0.0.1:5000
 HUB_PORT=8802
 
 deps() {
-  local c missing=0
+  local c missing=0 rc=0 own_policy=0
   for c in mmdebstrap systemd-nspawn ssh gpg apt-ftparchive dpkg-scanpackages docker-registry curl rsync; do
     command -v $c >/dev/null || missing=1; done
   if [ $missing = 1 ]; then
     apt-get update -qq
     # policy-rc.d: the registry package must not start its own (all-interfaces) daemon on this machine
-    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
+    # (a policy-rc.d already there is the machine's own: left as it is)
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; own_policy=1
+    fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap systemd-container openssh-client gpg \
-      apt-utils dpkg-dev docker-registry curl rsync >/dev/null; rc=$?
-    rm -f /usr/sbin/policy-rc.d
-    return $rc
+      apt-utils dpkg-dev docker-registry curl rsync >/dev/null || rc=$?
+    [ $own_policy = 1 ] && rm -f /usr/sbin/policy-rc.d
   fi
+  registry_package_off
+  return $rc
+}
+
+# Debian's docker-registry package enables its own daemon (systemd unit and init script) on :5000, every
+# interface, with its own config, on the next boot of this machine. The harness only needs the binary: its
+# own registry (registry() below) listens on 127.0.0.1 while nodes are up and stops at down-all. So the
+# package's service is stopped, disabled and masked, every time (a package upgrade re-enables nothing then).
+registry_package_off() {
+  dpkg-query -W -f='${Status}' docker-registry 2>/dev/null | grep -q 'ok installed' || return 0
+  if [ -d /run/systemd/system ]; then systemctl stop docker-registry.service 2>/dev/null || true
+  elif [ -x /etc/init.d/docker-registry ]; then /etc/init.d/docker-registry stop >/dev/null 2>&1 || true; fi
+  deb-systemd-helper disable docker-registry.service >/dev/null 2>&1 || true   # remembered across upgrades
+  rm -f /etc/systemd/system/multi-user.target.wants/docker-registry.service
+  ln -sfn /dev/null /etc/systemd/system/docker-registry.service                # masked, with or without systemd
+  [ -x /etc/init.d/docker-registry ] && { update-rc.d docker-registry disable >/dev/null 2>&1 || true; }
+  return 0
 }
 
 # --- stand-ins for NVIDIA's apt repo (what the deploy sees through inventory data alone) -------------

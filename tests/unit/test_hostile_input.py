@@ -144,6 +144,9 @@ CASES: list[tuple[str, dict, str, str]] = [
     ("container_tmp_dir space", node_a(container_tmp_dir="/var/tmp/a b"), "container_tmp_dir", PATH),
     ("fabric_env_file space", node_a(fabric_env_file="/etc/a b.env"), "fabric_env_file", PATH),
     ("model_mount colon", node_a(model_mount="/models:rw"), "model_mount", PATH),
+    ("device relative", node_a(container_devices=["dev/infiniband"]), "container_devices[0]", "absolute path"),
+    ("device with options", node_a(container_devices=["/dev/infiniband:/dev/x:rwm"]), "container_devices[0]", PATH),
+    ("shm smaller than needed", node_a(container_ipc_host=False, container_shm_size="64m"), "container_shm_size", "at least 9 GiB"),
     # --- writable directories and mounts kept apart from the read-only model
     ("jit dir inside model dir", node_a(jit_cache_dir=MODEL_DIR + "/jit"), "jit_cache_dir", "outside the model directory"),
     ("jit dir is model dir", node_a(jit_cache_dir=MODEL_DIR), "jit_cache_dir", "outside the model directory"),
@@ -173,6 +176,13 @@ CASES: list[tuple[str, dict, str, str]] = [
     ("fabric hostname", pair_b({"fabric_address": "spark-b0"}), "fabric_address", "IPv4 or IPv6"),
     ("fabric trailing space", pair_b({"fabric_address": "198.51.100.20 "}), "fabric_address", "IPv4 or IPv6"),
     ("fabric v6 not canonical", pair_b({"fabric_address": "2001:DB8:0:0::1"}), "fabric_address", "canonical form (2001:db8::1)"),
+    # --- speculative decoding as data
+    ("speculative flag in vllm_args", pair_b({"vllm_args": ["--speculative-config", "{}"]}, {"vllm_args": ["--speculative-config", "{}"]}), "vllm_args", "vllm_speculative_config"),
+    ("speculative without method", pair_b({"vllm_speculative_config": {"num_speculative_tokens": 5}}), "vllm_speculative_config", "a `method`"),
+    ("speculative tokens bool", pair_b({"vllm_speculative_config": {"method": "mtp", "num_speculative_tokens": True}}), "vllm_speculative_config", "whole number from 1 to 64"),
+    ("external drafter unpinned", pair_b({"vllm_speculative_config": {"method": "draft_model", "model": "org/drafter"}}), "vllm_speculative_config", "40-hex `revision`"),
+    ("external drafter on a branch", pair_b({"vllm_speculative_config": {"method": "eagle3", "model": "org/d", "revision": "main"}}), "vllm_speculative_config", "40-hex `revision`"),
+    ("speculative with image_env", node_a(vllm_speculative_config={"method": "mtp"}), "vllm_speculative_config", "unset with vllm_launch image_env"),
     # --- the API and the hub token
     ("API on all interfaces", node_a(api_bind_address="0.0.0.0"), "api_protected_by", "authenticating proxy"),
     ("API bind hostname", node_a(api_bind_address="localhost"), "api_bind_address", "an IP address"),
@@ -346,3 +356,21 @@ def test_pyinfra_reports_a_bad_value_before_connecting_to_any_host(tmp_path):
                 assert "Traceback" not in out
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("content,expected", [
+    ('[1, 2]', "expected a JSON object"),
+    ('{"repo": "deepseek-ai/DeepSeek-V4-Flash-0731"', "not JSON"),
+    (None, "cannot be read"),
+    ('{"repo": "deepseek-ai/DeepSeek-V4-Flash-0731", "commit": "' + REV + '", "files": '
+     '[{"path": "../../etc/passwd", "size": 1, "sha256": "' + "0" * 64 + '"}]}', "files[0]"),
+], ids=["list", "truncated", "missing", "traversal"])
+def test_a_bad_manifest_is_named_never_a_traceback(tmp_path, content, expected):
+    path = tmp_path / "m.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(model_manifest=str(path)))
+    msg = str(err.value)
+    assert f"host node-a: key 'model_manifest' = '{path}': expected a valid manifest (manifest {path}" in msg
+    assert expected in msg

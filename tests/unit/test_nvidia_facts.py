@@ -126,5 +126,7 @@ def test_upstream_version_and_keyring_parser():
     assert upstream_version("580.95.05-0ubuntu0.24.04.2") == "580.95.05"
     assert upstream_version("1:590.44.01-1") == "590.44.01"
     assert upstream_version("1.18.0-1") is None
-    fpr = "EB693B3035CD5710E231E123A4B469963BF863CC"
-    assert KeyringFingerprints().process([fpr, "gpg: warning", ""]) == [fpr]
+    fpr = "EB693B3035CD5710E231E123A4B469963BF863CC"  # NVIDIA's CUDA repo key (3bf863cc.pub)
+    colons = ["pub:-:4096:1:A4B469963BF863CC:1650000000:::-:::scSC::::::23::0:", f"fpr:::::::::{fpr}:",
+              "uid:-::::1650000000::0::cudatools <cudatools@nvidia.com>::::::::::0:", ""]
+    assert KeyringFingerprints().process(colons) == [fpr]

@@ -1,7 +1,9 @@
 """The node-side verifier on a real huggingface_hub download from the stand-in hub: corrupt, truncated,
 missing, extra and unindexed files are named; the stamp fast path; the start gate names what changed; a
 same-size flip with size, mtime and inode kept passes the stamp and is found by a full re-hash, whose
-verdict is recorded; both hashing paths (in place, streamed) agree; the rate cap holds."""
+verdict is recorded; both hashing paths (in place, streamed) agree; the rate cap holds; a nested repo's
+relative links into ../../../blobs/ pass, and a file the manifest does not list closes the gate.
+(Hostile manifests and links: tests/unit/test_manifest_paths.py.)"""
 
 from __future__ import annotations
 
@@ -203,3 +205,40 @@ def test_rate_cap_spreads_the_reads(tmp_path):
     t0 = time.monotonic()
     hash_file(str(path), "sha256", 3 << 20, RateLimit(10e6))
     assert time.monotonic() - t0 >= (3 << 20) / 10e6 * 0.9
+
+
+def test_nested_hf_cache_download_passes_and_a_stray_python_file_closes_the_gate(tmp_path):
+    """A real huggingface_hub download of a repo with a subdirectory: its links are relative (into
+    ../../../blobs/) and pass; a modeling_*.py dropped next to the weights afterwards is named by the gate."""
+    os.environ["HF_HUB_DISABLE_XET"] = "1"
+    from huggingface_hub import snapshot_download
+
+    from deploys.model_manifest import generate
+    from files.model_snapshot.verify_snapshot import remove_paths
+    from tests.sandbox.standin_hub import COMMITS, REPO, serve
+
+    repo = tmp_path / "repo"
+    (repo / "original").mkdir(parents=True)
+    (repo / "config.json").write_text('{"model_type": "deepseek_v4"}')
+    (repo / "original" / "params.json").write_text('{"dim": 7}')
+    (repo / "model-00001-of-00001.safetensors").write_bytes(os.urandom(4096))
+    srv = serve(repo_dirs={COMMITS[0]: str(repo)})
+    try:
+        endpoint = f"http://127.0.0.1:{srv.server_address[1]}"
+        (tmp_path / "m.json").write_text(json.dumps(generate(REPO, COMMITS[0], endpoint)))
+        path = snapshot_download(REPO, revision=COMMITS[0], cache_dir=str(tmp_path / "hub"), endpoint=endpoint)
+    finally:
+        srv.shutdown()
+    assert os.readlink(os.path.join(path, "original", "params.json")).startswith("../../../blobs/")
+    manifest, stamp = str(tmp_path / "m.json"), str(tmp_path / "stamp.json")
+    result = verify(manifest, path, stamp)
+    assert result["ok"] and result["hashed"] == 3, result["problems"]
+    assert gate(manifest, path, stamp)[0]
+    with open(os.path.join(path, "original", "modeling_evil.py"), "w") as f:
+        f.write("import os\n")
+    ok, message = gate(manifest, path, stamp)
+    assert not ok and "EXTRA original/modeling_evil.py (not in the manifest)" in message
+    result = verify(manifest, path, stamp)
+    assert not result["ok"] and result["extra"] == ["original/modeling_evil.py"]
+    assert remove_paths(path, os.path.dirname(os.path.dirname(path)), result["extra"]) == []
+    assert verify(manifest, path, stamp)["ok"] and gate(manifest, path, stamp)[0]
