@@ -91,11 +91,12 @@ def shm_large_enough(min_bytes: int, reason: str):
 def host_tuning():
     cfg = node_config()
     batch = (LIMITS_FILE, SYSTEMD_DEFAULTS_FILE, cfg.fabric_env_file)  # read in one round trip
-    shm_large_enough(
-        name="Check /dev/shm holds the KV offload",
-        min_bytes=cfg.shm_required_bytes,
-        reason=shm_reason(cfg),
-    )
+    if cfg.container_shm_bytes is None:  # --ipc=host: the container uses the host's /dev/shm
+        shm_large_enough(
+            name="Check /dev/shm holds the KV offload",
+            min_bytes=cfg.shm_required_bytes,
+            reason=shm_reason(cfg),
+        )
     atomic_put(
         batch=batch,
         name="Set memlock/nofile/stack limits for logins (limits.d)",

@@ -14,6 +14,7 @@ refused (validation already rejects the pair).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 from io import StringIO
@@ -97,6 +98,8 @@ def vllm_argv(cfg: NodeConfig, head: NodeConfig | None, nodes: int) -> list[str]
         argv.append("--headless")
     else:
         argv += ["--host", cfg.api_bind_address, "--port", str(cfg.api_port)]
+    if cfg.vllm_speculative_config is not None:
+        argv += ["--speculative-config", json.dumps(cfg.vllm_speculative_config, sort_keys=True, separators=(",", ":"))]
     return argv + list(cfg.vllm_args)
 
 
@@ -181,9 +184,10 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
            # pulled by digest by the container-runtime step; the unit never pulls (the write-up's Pull=always)
            "Pull=never\n", "Network=host\n"]
     out += [f"AddDevice=nvidia.com/gpu={i}\n" for i in cfg.gpu_indices]
+    out += [f"AddDevice={device}\n" for device in cfg.container_devices]  # e.g. /dev/infiniband (RoCE)
     out.append(f"PodmanArgs={podman_args(cfg)}\n")
-    if cfg.container_shm_size:
-        out.append(f"ShmSize={cfg.container_shm_size}\n")
+    if cfg.shm_size_rendered:
+        out.append(f"ShmSize={cfg.shm_size_rendered}\n")
     out.append("RunInit=true\n")  # an init as PID 1 forwards SIGTERM and reaps vLLM's worker processes
     model_host = cfg.model_dir if cfg.model_layout == "hf_cache" else cfg.model_root
     out.append(f"Volume={model_host}:{cfg.model_mount}:ro\n")

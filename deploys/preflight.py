@@ -2,7 +2,7 @@
 
 Refuses what the profile cannot run on: a wrong CPU architecture, too little free disk for the part of
 the model still missing, a /dev/shm too small for the KV offload, a GPU index the inventory names that
-nvidia-smi does not list, a fabric address the node does not have. A reboot-required driver is shown, not refused: the driver component handles it.
+nvidia-smi does not list, a fabric address the node does not have, a container device it lacks. A reboot-required driver is shown, not refused: the driver component handles it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pyinfra.api.exceptions import DeployError
 from deploys.host_tuning import shm_problem, shm_reason
 from deploys.inventory import node_config
 from deploys.schema import NodeConfig
-from facts.host import InterfaceAddresses, MountSizeBytes, NodeResources
+from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources
 from facts.nvidia import NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, driver_state
 
 DEFAULTS: dict = {}  # reads cluster, model and host-tuning keys; sets none itself
@@ -59,9 +59,15 @@ def fabric_problem(cfg: NodeConfig, addresses: list[str]) -> str | None:
 
 
 def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = None,
-                 addresses: list[str] | None = None) -> list[str]:
-    """What stops this host from running its profile (empty when it can)."""
+                 addresses: list[str] | None = None, present: list[str] | None = None) -> list[str]:
+    """What stops this host from running its profile (empty when it can). ``present``: which of
+    ``cfg.container_devices`` exist on the node."""
     out = []
+    missing_devices = [d for d in cfg.container_devices if d not in (present or [])]
+    if missing_devices:
+        out.append(f"container_devices {', '.join(missing_devices)} not on this node (no RDMA NIC, or its driver "
+                   f"is not loaded; RDMA devices seen: {', '.join(res.get('rdma') or []) or 'none'}): the "
+                   "container could not start")
     fabric = fabric_problem(cfg, addresses or [])
     if fabric:
         out.append(fabric)
@@ -83,7 +89,8 @@ def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = 
             f"too little disk for the model at {cfg.model_root}: {res['disk_free_bytes']} bytes free at "
             f"{res['disk_path']}, {need} bytes still needed (model_size_gb {cfg.model_size_gb:g})"
         )
-    shm = shm_problem(shm_bytes, cfg.shm_required_bytes, shm_reason(cfg))
+    # the host's /dev/shm is the container's only with --ipc=host; otherwise validation checked ShmSize=
+    shm = shm_problem(shm_bytes, cfg.shm_required_bytes, shm_reason(cfg)) if cfg.container_shm_bytes is None else None
     if shm:
         out.append(shm)
     return out
@@ -112,7 +119,8 @@ def driver_column(state: dict) -> str:
 def row_for(name: str, cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = None,
             state: dict | None = None) -> list[str]:
     return [
-        name, f"{cfg.cluster_name}/{cfg.node_rank}", res.get("os", "?"), res["arch"], res.get("kernel", "?"),
+        name, f"{cfg.cluster_name}/{cfg.node_rank}",
+        res.get("os", "?") + (f" (DGX OS {res['dgx_os']})" if res.get("dgx_os") else ""), res["arch"], res.get("kernel", "?"),
         str(res["cpus"]), _gib(res["mem_bytes"]), f"{_gib(res['disk_free_bytes'])} ({res['disk_path']})",
         _gib(shm_bytes), gpu_column(smi or {}, res["mem_bytes"]), driver_column(state or {"state": "not_installed"}),
         res["podman"] or "-", ",".join(res["rdma"]) or "-",
@@ -136,7 +144,8 @@ def preflight():
 
     run = _RUNS.setdefault(id(host.state), _Run())
     run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes, smi, state)
-    run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, host.get_fact(InterfaceAddresses))
+    run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, host.get_fact(InterfaceAddresses),
+                                           host.get_fact(ExistingPaths, paths=tuple(cfg.container_devices)))
     active = [h.name for h in host.state.inventory.get_active_hosts()]
     if not set(active) <= set(run.rows):
         return

@@ -18,6 +18,11 @@ _AVAIL = 'df -P -B1 "$p" | awk \'NR==2 {print $4}\''
 _NODE_RESOURCES = r"""
 . /etc/os-release 2>/dev/null
 echo "os=${PRETTY_NAME:-unknown}"
+if [ -r /etc/dgx-release ]; then
+  v=$(sed -n 's/^DGX_OTA_VERSION="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' /etc/dgx-release | tail -n1)
+  [ -n "$v" ] || v=$(sed -n 's/^DGX_SWBUILD_VERSION="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' /etc/dgx-release | tail -n1)
+  echo "dgx_os=${v:-unknown}"
+fi
 echo "arch=$(uname -m)"
 echo "kernel=$(uname -r)"
 echo "cpus=$(getconf _NPROCESSORS_ONLN)"
@@ -35,7 +40,8 @@ _INT_KEYS = ("cpus", "mem_bytes", "disk_free_bytes", "model_present_bytes")
 
 
 class NodeResources(FactBase[dict]):
-    """OS, arch, kernel, CPUs, RAM, free disk at the model path, RDMA devices, Podman version.
+    """OS (and the DGX OS version from /etc/dgx-release, where present), arch, kernel, CPUs, RAM, free disk at
+    the model path, RDMA devices, Podman version.
 
     .. code:: python
 
@@ -67,6 +73,7 @@ class NodeResources(FactBase[dict]):
             raise FactProcessError(f"NodeResources: {e}") from e
         values["rdma"] = values.get("rdma", "").split()
         values["podman"] = values.get("podman") or None
+        values["dgx_os"] = values.get("dgx_os") or None
         return values
 
 
@@ -140,3 +147,16 @@ class InterfaceAddresses(FactBase[list]):
 
     def process(self, output: list[str]) -> list[str]:
         return [line.strip() for line in output if "/" in line]
+
+
+class ExistingPaths(FactBase[list]):
+    """Which of ``paths`` exist on the node (devices, directories, files)."""
+
+    default = list
+
+    def command(self, paths: tuple[str, ...]) -> str:
+        quoted = " ".join(shlex.quote(p) for p in paths)
+        return f"for p in {quoted}; do [ -e \"$p\" ] && echo \"$p\"; done; true" if paths else "true"
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line]

@@ -35,8 +35,9 @@ _A, _B = "7872f01b1d1fe23eabc4c98b48bffcef5a386062", "9e165c30e2704aec5d9d593cce
 # Nodes share this machine's network namespace, so each serves its API (and, in a push fan-out, its model copy)
 # on its own loopback port.
 # What differs from the lab profiles because the sandbox's vLLM is the CPU build serving a 2048-token model:
-# A's script contract gets the CPU-fitting lengths; B's fork-only flags
-# (nvfp4_ds_mla, cudagraph sizes) are replaced by upstream flags the tiny model and the gate need.
+# A's script contract gets the CPU-fitting lengths; B's fork-only flags (nvfp4_ds_mla, flashinfer_b12x,
+# cudagraph sizes) and its DSpark speculative decoding (the tiny model has no drafter) are replaced by
+# upstream flags the tiny model and the gate need.
 # (the profile beside this file; a copy of this inventory elsewhere, as the resilience tests make, reads the repo's)
 _A_PROFILE = next(p for p in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "group_data/rtx_pro_6000_pair.py"),
                               "inventories/group_data/rtx_pro_6000_pair.py") if os.path.exists(p))
@@ -50,7 +51,7 @@ rtx_pro_6000_pair = [_node("sandbox-a", 2201, api_port=8101, model_peer_port=873
 
 gb10_dspark = [
     _node("sandbox-b0", 2202, node_rank=0, fabric_address="127.0.1.10", api_port=8102, model_peer_port=8732,
-          vllm_args=_CPU_VLLM_ARGS, **_manifest(_B)),
+          vllm_args=_CPU_VLLM_ARGS, vllm_speculative_config=None, **_manifest(_B)),
     _node("sandbox-b1", 2203, node_rank=1, fabric_address="127.0.1.11", api_port=8103, model_peer_port=8733,
-          vllm_args=_CPU_VLLM_ARGS, **_manifest(_B)),
+          vllm_args=_CPU_VLLM_ARGS, vllm_speculative_config=None, **_manifest(_B)),
 ]

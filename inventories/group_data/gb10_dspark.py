@@ -23,14 +23,27 @@ image_digest = "sha256:a83948492cf13df455170fb42885f5ef4db54fefe0feff0f841ecbff4
 # --served-model-name, --tensor-parallel-size, --nnodes/--node-rank/--master-addr/--master-port, --headless
 # on the worker, --host/--port on the head only. The name is the one seed 004's verify commands ask for.
 served_model_name = "deepseek-v4-flash-0731"
+# The fabric inside the container: the RDMA devices for NCCL's IB transport over RoCE v2 (the write-up's
+# compose passes /dev/infiniband), and a private /dev/shm that holds NCCL's and vLLM's IPC buffers
+# (shm_headroom_gib): Podman's default 64 MiB is too small, and a private tmpfs keeps host IPC out (the
+# community compose files use ipc: host; a /dev/shm of our own is the least-privilege equivalent here).
+container_devices = ["/dev/infiniband"]
+container_shm_size = "8g"
 # Toolkit's assumption: the image has no `vllm serve` ENTRYPOINT, so Exec= starts with it (vllm_command's
 # default). Check with `podman image inspect --format '{{.Config.Entrypoint}}'`; set vllm_command = [] if it has.
 jit_cache_dir = "/var/cache/inference-nodes/jit/gb10-dspark"  # VLLM_CACHE_ROOT=/cache/vllm: compile cache kept
 
 service_env = {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
-# Flags as the write-up spells them. DSpark draft tokens (5) and the flashinfer_b12x MoE backend are
-# part of the profile too; their flag spelling is the service issue's to confirm against the image.
+# Fork spellings (upstream vLLM 0.21 has none of these values; the image's own vLLM parses the command line
+# before a unit changes and refuses what it does not know):
+# - DSpark K5 (seed 004: "DSpark draft tokens: 5"): the toolkit's assumption is that the fork registers DSpark
+#   as a speculative method named `dspark` (deployment A's image script takes the same as MODE=dspark,
+#   DSPARK_TOKENS=5). The drafter ships with the image/checkpoint, so there is no external `model` to pin.
+# - MoE backend `flashinfer_b12x` (seed 004): upstream's `--moe-backend` flag with the fork's value.
+# - `--kv-cache-dtype nvfp4_ds_mla` (seed 004): upstream's flag with the fork's value.
+vllm_speculative_config = {"method": "dspark", "num_speculative_tokens": 5}
 vllm_args = [
+    "--moe-backend", "flashinfer_b12x",
     "--kv-cache-dtype", "nvfp4_ds_mla",
     "--max-cudagraph-capture-size", "8",
     "--max-model-len", "1048576",

@@ -25,9 +25,19 @@ allow_unpinned_image = True
 # Served under the same name as deployment B (same checkpoint): the toolkit's documented choice, so clients
 # and the serving gate need no per-deployment name. The same entrypoint assumption as B (vllm_command).
 served_model_name = "deepseek-v4-flash-0731"
+# The fabric inside the container: the RDMA devices for NCCL's IB transport over RoCE v2 (the write-up's
+# compose passes /dev/infiniband), and a private /dev/shm that holds NCCL's and vLLM's IPC buffers
+# (shm_headroom_gib): Podman's default 64 MiB is too small, and a private tmpfs keeps host IPC out (the
+# community compose files use ipc: host; a /dev/shm of our own is the least-privilege equivalent here).
+container_devices = ["/dev/infiniband"]
+container_shm_size = "8g"
 jit_cache_dir = "/var/cache/inference-nodes/jit/gb10-mtp"  # VLLM_CACHE_ROOT=/cache/vllm: compile cache kept
 
 service_env = {"VLLM_TRITON_MLA_SPARSE": "1"}
+# DeepSeek's own MTP head (seed 003: "штатная MTP-спекуляция", acceptance 55-64 %): upstream vLLM 0.21 spells
+# it method `mtp` (it maps `deepseek_mtp` to it); the MTP layer is in the target checkpoint, so no external
+# draft model is pinned. One speculative token per step is the toolkit's assumption (the write-up gives none).
+vllm_speculative_config = {"method": "mtp", "num_speculative_tokens": 1}
 vllm_args = [
     "--max-num-seqs", "8",
     "--enable-prefix-caching",

@@ -14,6 +14,7 @@ __all__ = [
     "nvidia_module_root", "allow_reboot", "nvidia_toolkit_repo_url", "nvidia_toolkit_key_url",
     "nvidia_toolkit_key_fingerprint", "registries", "registry_auth_file", "image_digest", "model_hub_endpoint",
     "model_control_cache", "roce_sysfs_root", "limits_memlock", "limits_nofile", "fabric_on_one_host",
+    "container_devices",
 ]
 
 _dir = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
@@ -56,6 +57,8 @@ allow_reboot = True
 roce_sysfs_root = "/srv/stand-in-sysfs"
 # The nodes share this machine's network: their fabric addresses are distinct loopback addresses.
 fabric_on_one_host = True
+# No RDMA hardware: the stand-in fabric is TCP on loopback (the RoCE GID lookup reads the stand-in sysfs).
+container_devices = []
 
 # Every profile's registry is mirrored by the local one (pull by digest goes to the mirror).
 registries = [

@@ -5,6 +5,8 @@ Effective limits of running processes are not asserted: a sandbox node inherits 
 (nofile 20000, memlock 8 MiB on the CI host), so only configured values are comparable everywhere.
 """
 
+import pytest
+
 LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
 
 
@@ -60,5 +62,7 @@ def test_fabric_env_file(node):
 
 
 def test_dev_shm_holds_the_kv_offload(node):
+    if not node.cfg.container_ipc_host:
+        pytest.skip("the container has a /dev/shm of its own (ShmSize=, checked inside it by the service audit)")
     size = int(node.host.check_output("df -P -B1 /dev/shm | awk 'NR==2 {print $2}'"))
     assert size >= node.cfg.shm_required_bytes

@@ -101,3 +101,55 @@ def test_fabric_nodes_use_a_valid_roce_v2_gid(node):
     assert node.host.file(f"{base}/gid_attrs/types/{index}").content_string.strip() == "RoCE v2"
     gid = node.host.file(f"{base}/gids/{index}").content_string.strip()
     assert ipaddress.IPv6Address(gid).ipv4_mapped == ipaddress.ip_address(node.cfg.fabric_address)
+
+
+CONTAINER_VIEW = ("import json, os, resource; s = os.statvfs('/dev/shm'); "
+                  "print(json.dumps({'memlock': resource.getrlimit(resource.RLIMIT_MEMLOCK), "
+                  "'shm': s.f_blocks * s.f_frsize, 'devices': {d: os.path.exists(d) for d in os.sys.argv[1:]}}))")
+
+
+def test_container_has_the_devices_memlock_and_shm_it_needs(node):
+    """Inside the running container, as the serving process sees it: the RDMA devices the profile passes,
+    the locked-memory limit, and a /dev/shm of the size that was checked (the host's with --ipc=host,
+    ShmSize= otherwise; never Podman's 64 MiB default by accident)."""
+    name = node.cfg.container_name
+    view = node.host.run(f"podman exec {name} {node.cfg.vllm_python} -c \"{CONTAINER_VIEW}\" "
+                         + " ".join(node.cfg.container_devices))
+    assert view.rc == 0, view.stderr
+    seen = json.loads(view.stdout)
+    assert seen["devices"] == {d: True for d in node.cfg.container_devices}
+    memlock = -1 if node.cfg.limits_memlock == "unlimited" else node.cfg.limits_memlock
+    infinity = 2**64 - 1  # RLIM_INFINITY as Python reports it on Linux
+    assert [v if v != infinity else -1 for v in seen["memlock"]] == [memlock, memlock]
+    ipc = node.host.check_output(f"podman container inspect --format '{{{{.HostConfig.IpcMode}}}}' {name}")
+    if node.cfg.container_ipc_host:
+        assert ipc == "host"
+        host_shm = int(node.host.check_output("df -P -B1 /dev/shm | awk 'NR==2 {print $2}'"))
+        assert seen["shm"] == host_shm
+    else:
+        assert ipc != "host"
+        assert seen["shm"] == node.cfg.container_shm_bytes
+    assert seen["shm"] >= node.cfg.shm_required_bytes
+
+
+def test_nccl_the_service_loads_is_not_known_bad(node, pytestconfig):
+    """The NCCL runtime inside the pinned image, as the serving process loads it (not torch's compile-time
+    version), against files/inference_service/nccl-known-bad.json: multi-node aarch64 profiles fail on
+    2.28.9 / 2.29.2 (silent deadlock; fixed in 2.29.3)."""
+    import shlex
+
+    from files.inference_service import nccl_runtime
+
+    _, nodes = _cluster(node, pytestconfig)
+    if nodes < 2:
+        pytest.skip("single-node profile: NCCL does not cross the fabric")
+    with open(nccl_runtime.__file__) as f:
+        code = f.read()
+    run = node.host.run(f"podman exec {node.cfg.container_name} {node.cfg.vllm_python} -c {shlex.quote(code)}")
+    seen = json.loads(run.stdout.strip().splitlines()[-1]) if run.stdout.strip() else {"error": run.stderr[-300:]}
+    if seen.get("cuda", "") is None:
+        pytest.skip("the image's torch has no CUDA (the sandbox's CPU vLLM): no NCCL to check")
+    assert "error" not in seen, f"cannot read the NCCL runtime in the image: {seen['error']}"
+    bad = nccl_runtime.known_bad(seen["version"], node.cfg.node_arch, multi_node=True)
+    assert bad is None, (f"NCCL {seen['version']} ({seen['library']}) {bad['problem']}; fixed in {bad['fixed_in']} "
+                         f"({bad['source']})")

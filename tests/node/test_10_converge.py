@@ -29,11 +29,11 @@ def test_bad_inventory_value_stops_the_run_and_names_host_and_key(sandbox):
 
 
 def test_preflight_refuses_a_host_that_cannot_run_the_profile(sandbox):
-    proc = pyinfra(INVENTORY, "deploys/all.py", "--data", "shm_headroom_gib=100", check=False)
+    proc = pyinfra(INVENTORY, "deploys/all.py", "--data", "model_size_gb=90000", check=False)
     assert proc.returncode == 1
     assert "Preflight:" in proc.stderr and "Podman" in proc.stderr  # the table was printed
     for name in sandbox:
-        assert f"host {name}: /dev/shm is 16.0 GiB" in proc.stderr
+        assert f"host {name}: too little disk for the model at " in proc.stderr
     _untouched(sandbox)
 
 

@@ -113,3 +113,51 @@ def test_preflight_refuses_a_fabric_address_the_node_does_not_have():
     assert fabric_problem(shared, GB10_ADDRESSES) is None
     assert fabric_problem(shared.model_copy(update={"fabric_on_one_host": False}), GB10_ADDRESSES) is not None
     assert problem in problems_for(wrong, _res(disk_free_bytes=200 * 10**9), 64 * 2**30, None, GB10_ADDRESSES)
+
+
+def test_preflight_refuses_a_node_without_the_rdma_devices_the_container_needs():
+    from facts.host import ExistingPaths
+
+    b0 = NodeConfig.model_validate({**profile("gb10_dspark"), "node_rank": 0, "fabric_address": "198.51.100.20"})
+    assert b0.container_devices == ["/dev/infiniband"]
+    res = _res(arch="aarch64", disk_free_bytes=200 * 10**9)
+    assert problems_for(b0, res, 0, None, [], ["/dev/infiniband"]) == []
+    (problem,) = problems_for(b0, res, 0, None, [], [])
+    assert problem.startswith("container_devices /dev/infiniband not on this node (no RDMA NIC")
+    assert ExistingPaths().process(["/dev/infiniband", ""]) == ["/dev/infiniband"]
+    assert "'/dev/in finiband'" in ExistingPaths().command(("/dev/in finiband",))
+
+
+def test_container_shm_is_checked_for_what_the_container_gets():
+    b0 = NodeConfig.model_validate({**profile("gb10_dspark"), "node_rank": 0, "fabric_address": "198.51.100.20"})
+    assert b0.container_shm_bytes == 8 * 2**30  # ShmSize=8g: the host's /dev/shm is not the container's
+    res = _res(arch="aarch64", disk_free_bytes=200 * 10**9)
+    assert problems_for(b0, res, 64 * 2**20, None, [], ["/dev/infiniband"]) == []
+    a = NodeConfig.model_validate(profile("rtx_pro_6000_pair"))
+    assert a.container_shm_bytes is None  # --ipc=host: the host's, checked on the node
+    unset = NodeConfig.model_validate({**profile("gb10_dspark"), "container_shm_size": None})
+    assert (unset.shm_size_rendered, unset.container_shm_bytes) == ("1024m", 2**30)  # not Podman's 64 MiB
+    with pytest.raises(Exception, match="at least 1 GiB: the container's /dev/shm"):
+        NodeConfig.model_validate({**profile("gb10_dspark"), "container_shm_size": "64m"})
+
+
+def test_dgx_os_version_is_read_from_dgx_release_and_shown(tmp_path):
+    """The fact's own shell on a stand-in /etc/dgx-release (DGX OS carries its version there)."""
+    import subprocess
+
+    from facts.host import _NODE_RESOURCES
+
+    release = tmp_path / "dgx-release"
+    release.write_text('DGX_NAME="DGX Spark"\nDGX_PRETTY_NAME="NVIDIA DGX Spark"\nDGX_SWBUILD_VERSION="7.2.3"\n'
+                       'DGX_OTA_VERSION="7.4.0"\n')
+    part = _NODE_RESOURCES.split("\n")
+    start = next(i for i, line in enumerate(part) if "dgx-release" in line)
+    script = "\n".join(part[start:start + 5]).replace("/etc/dgx-release", str(release))
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["dgx_os=7.4.0"]
+    release.write_text('DGX_SWBUILD_VERSION="7.2.3"\n')
+    assert subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout.split() == ["dgx_os=7.2.3"]
+    res = NodeResources().process(SANDBOX_OUTPUT + ["dgx_os=7.4.0"])
+    row = row_for("spark-c0", CFG, res, 16 * 2**30)
+    assert row[2] == "Debian GNU/Linux 13 (trixie) (DGX OS 7.4.0)"
+    assert NodeResources().process(SANDBOX_OUTPUT)["dgx_os"] is None

@@ -217,3 +217,29 @@ def test_head_probe_fails_once_a_connection_of_the_formed_job_is_replaced(tmp_pa
         assert job_probe.main(args) == 1  # ...but the job it belonged to is gone
         for s in (second, b):
             s.close()
+
+
+def test_speculative_decoding_is_profile_data_rendered_as_vllm_takes_it():
+    """B (DSpark K5) and C (DeepSeek MTP) carry speculative decoding as a typed key, rendered as the JSON
+    vLLM's --speculative-config takes; B's MoE backend is upstream's flag with the fork's value."""
+    import json
+
+    b0 = shlex.split(dict(unit_sections(UNITS["gb10-b0.lab.example"])["Container"])["Exec"])
+    spec = json.loads(b0[b0.index("--speculative-config") + 1])
+    assert spec == {"method": "dspark", "num_speculative_tokens": 5}
+    assert b0[b0.index("--moe-backend") + 1] == "flashinfer_b12x"
+    assert b0[b0.index("--kv-cache-dtype") + 1] == "nvfp4_ds_mla"
+    c1 = shlex.split(dict(unit_sections(UNITS["spark-c1.lab.example"])["Container"])["Exec"])
+    assert json.loads(c1[c1.index("--speculative-config") + 1]) == {"method": "mtp", "num_speculative_tokens": 1}
+    assert "--headless" in c1
+
+
+def test_fabric_profiles_pass_rdma_devices_and_a_shm_of_their_own():
+    for host in ("gb10-b0.lab.example", "spark-c1.lab.example"):
+        container = unit_sections(UNITS[host])["Container"]
+        assert ("AddDevice", "/dev/infiniband") in container
+        assert ("ShmSize", "8g") in container
+        assert "--ipc=host" not in dict(container)["PodmanArgs"]
+    a = unit_sections(UNITS["rtx-pro-a.lab.example"])["Container"]
+    assert "ShmSize" not in dict(a) and "--ipc=host" in dict(a)["PodmanArgs"]
+    assert ("AddDevice", "/dev/infiniband") not in a

@@ -1,0 +1,80 @@
+"""The NCCL runtime the serving process really loads, read inside the pinned image, and the known-bad list.
+
+Run with the image's Python (`podman exec NAME python3 - < nccl_runtime.py`, or with a path argument for a
+given library): it imports torch and vLLM's own `find_nccl_library()` as the server does, loads that library
+(after `import torch` a pip wheel's NCCL is already mapped and wins over a .deb's of the same soname), asks
+it `ncclGetVersion` and prints one JSON line: ``{"version": "2.29.3", "library": "/path/libnccl.so.2"}``,
+or ``{"cuda": null}`` for a build without CUDA (nothing to check), or ``{"error": "..."}`` (exit 1).
+
+`torch.cuda.nccl.version()` is not used: it is the version torch was compiled against, not the one loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+
+
+
+def known_bad_path() -> str:
+    """The data file beside this module (a function: run as `python -c`, the module has no __file__)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl-known-bad.json")
+
+
+def version_string(code: int) -> str:
+    """NCCL's integer version (>= 2.9: major*10000 + minor*100 + patch; before: major*1000 + minor*100 + patch)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
+def library_version(path: str) -> dict:
+    lib = ctypes.CDLL(path)
+    code = ctypes.c_int()
+    if lib.ncclGetVersion(ctypes.byref(code)) != 0:
+        raise RuntimeError(f"ncclGetVersion failed in {path}")
+    return {"version": version_string(code.value), "library": _mapped(os.path.basename(path)) or path}
+
+
+def _mapped(name: str) -> str | None:
+    """The file the process has mapped for library ``name`` (which libnccl.so.2 won)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if line.rstrip().endswith(name)}
+    except OSError:
+        return None
+    return sorted(paths)[0] if paths else None
+
+
+def serving_process_nccl() -> dict:
+    import torch
+
+    if torch.version.cuda is None:
+        return {"cuda": None}
+    try:
+        from vllm.utils.nccl import find_nccl_library
+    except ImportError:  # older vLLM
+        from vllm.utils import find_nccl_library
+    return library_version(find_nccl_library())
+
+
+def known_bad(version: str, arch: str, multi_node: bool, path: str | None = None) -> dict | None:
+    """The known-bad entry (data, with its source) that applies to this version, CPU and topology, if any."""
+    with open(path or known_bad_path()) as f:
+        entries = json.load(f)["known_bad"]
+    for entry in entries:
+        if (version in entry["versions"] and arch in entry["arch"]
+                and (multi_node or not entry.get("multi_node_only", False))):
+            return entry
+    return None
+
+
+if __name__ == "__main__":
+    try:
+        result = library_version(sys.argv[1]) if len(sys.argv) > 1 else serving_process_nccl()
+    except Exception as e:  # noqa: BLE001  (reported, not raised: the audit names it)
+        print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+        sys.exit(1)
+    print(json.dumps(result))
