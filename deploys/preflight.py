@@ -59,11 +59,11 @@ def fabric_problem(cfg: NodeConfig, addresses: list[str]) -> str | None:
 
 
 def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = None,
-                 addresses: list[str] | None = None, present: list[str] | None = None) -> list[str]:
-    """What stops this host from running its profile (empty when it can). ``present``: which of
+                 addresses: list[str] | None = None, devices: list[str] | None = None) -> list[str]:
+    """What stops this host from running its profile (empty when it can). ``devices``: which of
     ``cfg.container_devices`` exist on the node."""
     out = []
-    missing_devices = [d for d in cfg.container_devices if d not in (present or [])]
+    missing_devices = [d for d in cfg.container_devices if d not in (devices or [])]
     if missing_devices:
         out.append(f"container_devices {', '.join(missing_devices)} not on this node (no RDMA NIC, or its driver "
                    f"is not loaded; RDMA devices seen: {', '.join(res.get('rdma') or []) or 'none'}): the "
@@ -142,10 +142,14 @@ def preflight():
     smi = host.get_fact(NvidiaSmiGpus)
     state = driver_state(host.get_fact(NvidiaDriverPackages), host.get_fact(NvidiaKernelModule, root=cfg.nvidia_module_root))
 
+    addresses = host.get_fact(InterfaceAddresses)
+    devices = host.get_fact(ExistingPaths, paths=tuple(cfg.container_devices))
+
+    # every fact is read above: a fact read yields to the other hosts, which must not see this host's row
+    # before its problems
     run = _RUNS.setdefault(id(host.state), _Run())
     run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes, smi, state)
-    run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, host.get_fact(InterfaceAddresses),
-                                           host.get_fact(ExistingPaths, paths=tuple(cfg.container_devices)))
+    run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, addresses, devices)
     active = [h.name for h in host.state.inventory.get_active_hosts()]
     if not set(active) <= set(run.rows):
         return

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import shlex
 import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass
@@ -445,6 +446,11 @@ class ContainerKeys(_Keys):
 
     @model_validator(mode="after")
     def _launch_rules(self) -> ContainerKeys:
+        for key, words in (("vllm_command", self.vllm_command), ("vllm_args", self.vllm_args),
+                           ("container_exec", shlex.split(self.container_exec or ""))):
+            if "" in words:
+                raise _KeyError(key, words, "no empty arguments: Podman's Quadlet drops an empty word of Exec= "
+                                "and every argument after it")
         if self.vllm_launch == "image_env":
             if not self.container_exec:
                 raise _KeyError("container_exec", None, "the image's serving script, since vllm_launch is image_env")

@@ -34,6 +34,10 @@ def unit_word(value: str) -> str:
 
 
 def command_line(argv: list[str]) -> str:
+    """An `Exec=`-style command line. An empty argument is refused: Podman's Quadlet generator drops it and
+    every argument after it (seen with Podman 5.4's generator)."""
+    if any(a == "" for a in argv):
+        raise UnitValueError(f"an empty argument in {argv!r}")
     return " ".join(unit_word(a) for a in argv)
 
 

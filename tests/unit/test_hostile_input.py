@@ -62,6 +62,8 @@ CASES: list[tuple[str, dict, str, str]] = [
     ("vllm_args line separator", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["a\u2028b"]), "vllm_args", C),
     ("vllm_args zero-width", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["--max\u200b-model-len"]), "vllm_args", C),
     ("vllm_args bidi override", node_a(vllm_launch="cli", container_exec=None, service_env={}, vllm_args=["\u202e--x"]), "vllm_args", C),
+    ("vllm_args empty argument", pair_b({"vllm_args": ["--x", ""]}, {"vllm_args": ["--x", ""]}), "vllm_args", "no empty arguments"),
+    ("container_exec empty word", node_a(container_exec='/serve.sh ""'), "container_exec", "no empty arguments"),
     ("container_exec newline", node_a(container_exec="/serve.sh\nExecStartPre=/bin/evil"), "container_exec", C),
     ("served_model_name newline", node_a(served_model_name="ds4\n"), "served_model_name", C),
     # --- environment values and names
