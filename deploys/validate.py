@@ -3,9 +3,9 @@
 Three entries give the same verdict (deploys/schema.py ``validate_inventory``):
 
 - ``python -m deploys.validate INVENTORY``: no connection, no network; exit 1 with the problem list.
-- ``config.py`` registers :class:`ValidateBeforeConnect` (:func:`validate_before_connect`), a pyinfra state callback whose
-  ``host_before_connect`` runs before pyinfra opens the first connection: a bad value stops the run there,
-  so unreachable hosts cannot hide it behind "Could not connect".
+- ``config.py`` registers :class:`ValidateBeforeConnect` (:func:`validate_before_connect`), a pyinfra state
+  callback whose ``host_before_connect`` runs before pyinfra opens the first connection: a bad value stops
+  the run there, so unreachable hosts cannot hide it behind "Could not connect".
 - the ``validate`` deploy (first in deploys/all.py), for runs through pyinfra's API without config.py.
 """
 
@@ -15,6 +15,7 @@ import sys
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.api.exceptions import ConnectError
 from pyinfra.api.state import BaseStateCallback
 
 from deploys.inventory import inventory_configs
@@ -37,26 +38,31 @@ def is_node_inventory(inventory) -> bool:
     return any(key in NodeConfig.model_fields for h in inventory for key in h.data.dict())
 
 
+def _not_connected(*args, **kwargs):
+    raise ConnectError("not connected: the inventory is invalid (see above)")
+
+
 class ValidateBeforeConnect(BaseStateCallback):
     """Validates the inventory once, at the first host's ``host_before_connect``. On a bad value it prints
-    the problems and exits 1 (SystemExit: gevent passes it to the main greenlet without a traceback);
-    every other host's connect stops the same way, so no connection is opened."""
+    the problems and swaps every host's connector ``connect`` for one that raises ConnectError: pyinfra
+    then reports each host as not connected and stops ("No hosts remaining!", exit 1) without opening a
+    single connection."""
 
     def __init__(self):
-        self.verdict: dict[int, str | None] = {}
+        self.checked: set[int] = set()
 
     def host_before_connect(self, state, host):
-        key = id(state.inventory)
-        if key not in self.verdict:
-            self.verdict[key] = None
-            if is_node_inventory(state.inventory):
-                try:
-                    inventory_configs(state.inventory)
-                except InventoryValidationError as e:
-                    self.verdict[key] = str(e)
-                    logger.error(f"--> {e}")
-        if self.verdict[key] is not None:
-            raise SystemExit(1)
+        if id(state.inventory) in self.checked:
+            return
+        self.checked.add(id(state.inventory))
+        if not is_node_inventory(state.inventory):
+            return
+        try:
+            inventory_configs(state.inventory)
+        except InventoryValidationError as e:
+            logger.error(f"--> {e}")
+            for each in state.inventory:
+                each.connector.connect = _not_connected
 
 
 def validate_before_connect(state) -> None:
