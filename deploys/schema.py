@@ -33,6 +33,8 @@ from pydantic import (
 )
 from pyinfra.api.exceptions import DeployError
 
+from files.model_snapshot.verify_snapshot import inside as _inside  # one definition of "at or below"
+
 HEX40 = re.compile(r"[0-9a-f]{40}")  # patterns are used with fullmatch: `$` would accept a trailing newline
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -68,10 +70,6 @@ def _absolute(value: str) -> str:
         raise ValueError("a path of letters, digits and . _ - + @ = , only (no spaces, ':', quotes, '%', '$', "
                          "control characters or non-ASCII: unit files, Volume= and rsync must read it back unchanged)")
     return str(PurePosixPath(value))
-
-
-def _inside(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
 def _is_loopback_host(name: str) -> bool:
