@@ -17,11 +17,16 @@ _VALIDATED: dict[int, tuple[Inventory, dict[str, NodeConfig]]] = {}
 
 
 def inventory_configs(inventory: Inventory | None = None) -> dict[str, NodeConfig]:
-    """Every host's validated config; raises InventoryValidationError naming host, key and value."""
+    """Every host's validated config; raises InventoryValidationError naming host, key and value.
+
+    Inside a pyinfra run, `--limit` is passed on: a host outside it whose only problems are profile gaps is
+    left out (deploys/schema.py validate_hosts)."""
     inventory = inventory if inventory is not None else current_state.inventory
     cached = _VALIDATED.get(id(inventory))
     if cached is None or cached[0] is not inventory:
-        cached = (inventory, validate_inventory(inventory))
+        state = ctx_state.get()
+        limit = getattr(state, "limit_hosts", None) if getattr(state, "inventory", None) is inventory else None
+        cached = (inventory, validate_inventory(inventory, limit))
         _VALIDATED[id(inventory)] = cached
     return cached[1]
 

@@ -16,8 +16,8 @@ import os
 import sys
 
 from deploys import container_runtime, host_tuning, inference_service, model_integrity, model_snapshot, nvidia_driver
-from deploys.inventory import inventory_configs, load_inventory
-from deploys.schema import NodeConfig, cluster_head, clusters
+from deploys.inventory import load_inventory
+from deploys.schema import NodeConfig, cluster_head, clusters, validate_inventory
 
 
 def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: list[NodeConfig],
@@ -50,7 +50,9 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: li
 
 def render_inventory(inventory_file: str, out_dir: str, limit: str | None = None,
                      distro: str = "ubuntu2404") -> list[str]:
-    configs = inventory_configs(load_inventory(inventory_file))  # validates every host first
+    inventory = load_inventory(inventory_file)
+    limited = [h for h in inventory if limit in (h.name, h.data.get("cluster_name"))] if limit else None
+    configs = validate_inventory(inventory, limited)  # every host first (C's profile gaps only outside --limit)
     by_cluster = clusters(configs)
     if limit and limit not in configs and limit not in by_cluster:
         raise SystemExit(f"--limit {limit}: no such host or cluster in {inventory_file}")

@@ -168,6 +168,11 @@ class ClusterKeys(_Keys):
         "(it differs per node and moves after reboots)",
         ge=0, le=255,
     )
+    profile_gaps: dict[str, str] = _key(
+        {},
+        description="keys the profile's write-up leaves open, each with where the write-up stops: while such a "
+        "key is unset the host is refused (outside `--limit` it is left out)",
+    )
 
     @model_validator(mode="after")
     def _gpu_indices_unique(self) -> ClusterKeys:
@@ -177,6 +182,13 @@ class ClusterKeys(_Keys):
             raise _KeyError("gpu_indices", self.gpu_indices, "non-negative GPU indices up to 255")
         if len(set(self.gpu_indices)) != len(self.gpu_indices):
             raise _KeyError("gpu_indices", self.gpu_indices, "unique GPU indices")
+        return self
+
+    @model_validator(mode="after")
+    def _profile_gaps_name_keys(self) -> ClusterKeys:
+        for key in self.profile_gaps:
+            if key not in NodeConfig.model_fields or key == "profile_gaps":
+                raise _KeyError("profile_gaps", self.profile_gaps, f"keys of this schema (no key '{key}')")
         return self
 
     @model_validator(mode="after")
@@ -911,6 +923,7 @@ class Problem:
     key: str
     value: Any
     expected: str
+    gap: bool = False  # a value the profile's write-up leaves open (profile_gaps), not a wrong one
 
     def __str__(self) -> str:
         shown = "<missing>" if self.value is _MISSING else shown_value(self.key, self.value)
@@ -926,8 +939,12 @@ class InventoryValidationError(DeployError):
     def __init__(self, problems: list[Problem]):
         self.problems = problems
         lines = "\n".join(f"  - {p}" for p in problems)
+        hint = ""
+        if any(p.gap for p in problems):
+            hint = ("\n  (profile gaps: until they are set, deploy the other groups with pyinfra's --limit; a host "
+                    "outside the limit whose only problems are gaps is left out)")
         super().__init__(
-            f"inventory validation failed ({len(problems)} problem(s)); nothing was changed on any host:\n{lines}"
+            f"inventory validation failed ({len(problems)} problem(s)); nothing was changed on any host:\n{lines}{hint}"
         )
 
 
@@ -1024,7 +1041,23 @@ def schema_data(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_node(host: str, data: dict[str, Any]) -> tuple[NodeConfig | None, list[Problem]]:
-    data = schema_data(data)
+    cfg, problems = _parse_node(host, schema_data(data))
+    return cfg, _as_gaps(host, data.get("profile_gaps"), problems)
+
+
+def _as_gaps(host: str, gaps: Any, problems: list[Problem]) -> list[Problem]:
+    """A key the profile lists in ``profile_gaps`` that is still unset is reported as the write-up's gap."""
+    if not isinstance(gaps, dict):
+        return problems
+    return [
+        Problem(host, p.key, _MISSING, f"a value: the profile's write-up stops here ({gaps[p.key]}) and the "
+                "toolkit does not invent one; set it in the inventory to what you verified", gap=True)
+        if p.key in gaps and isinstance(gaps[p.key], str) and (p.value is _MISSING or p.value is None) else p
+        for p in problems
+    ]
+
+
+def _parse_node(host: str, data: dict[str, Any]) -> tuple[NodeConfig | None, list[Problem]]:
     unprintable = [Problem(host, key, value, "no control characters (newline, tab, NUL, escape, zero-width or "
                                              "bidi marks): unit and env files cannot carry them safely")
                    for key, value in data.items() if any(_unprintable(s) for s in _strings(value))]
@@ -1099,12 +1132,19 @@ def cluster_problems(configs: dict[str, NodeConfig]) -> list[Problem]:
     return problems
 
 
-def validate_hosts(hosts: dict[str, dict[str, Any]]) -> dict[str, NodeConfig]:
-    """Validate every host's data and the cluster rules; raise one error listing every problem."""
+def validate_hosts(hosts: dict[str, dict[str, Any]], deployed: set[str] | None = None) -> dict[str, NodeConfig]:
+    """Validate every host's data and the cluster rules; raise one error listing every problem.
+
+    ``deployed`` (pyinfra's --limit, widened to whole clusters): a host outside it whose only problems are
+    profile gaps is left out of the result instead of refusing the run, so deploying A and B need not wait
+    for the values C's write-up leaves open. Any other problem on any host still refuses the run.
+    """
     configs: dict[str, NodeConfig] = {}
     problems: list[Problem] = []
     for name, data in hosts.items():
         cfg, errs = parse_node(name, data)
+        if deployed is not None and name not in deployed and errs and all(p.gap for p in errs):
+            continue
         problems += errs
         if cfg is not None:
             configs[name] = cfg
@@ -1154,11 +1194,19 @@ def group_problems(inventory) -> list[Problem]:
     return problems
 
 
-def validate_inventory(inventory) -> dict[str, NodeConfig]:
-    """Validate every host of a pyinfra inventory (all of them, not only those --limit selects)."""
+def validate_inventory(inventory, limit_hosts=None) -> dict[str, NodeConfig]:
+    """Validate every host of a pyinfra inventory (all of them, not only those --limit selects; see
+    validate_hosts for the one exception, profile gaps outside the limit)."""
     problems = group_problems(inventory)
+    hosts = {h.name: h.data.dict() for h in inventory}
+    deployed = None
+    if limit_hosts is not None:
+        limited = {h.name for h in limit_hosts}
+        cluster_of = {name: data.get("cluster_name") for name, data in hosts.items()}
+        deployed = {name for name in hosts
+                    if name in limited or cluster_of[name] in {cluster_of[x] for x in limited if x in cluster_of}}
     try:
-        configs = validate_hosts({h.name: h.data.dict() for h in inventory})
+        configs = validate_hosts(hosts, deployed)
     except InventoryValidationError as e:
         problems += e.problems
     if problems:

@@ -1,8 +1,9 @@
 """Reference deployment C: two DGX Spark nodes, MTP speculative decoding + prefix caching, TP 2 (seed 003).
 
-The write-up is silent on two pins; the toolkit's documented choices:
-- model commit: the one deployment B verified (the write-up names no commit);
-- image: no tag or digest is given, so `allow_unpinned_image` is set; pin a digest before production.
+Seed 003 names neither a model commit nor an image tag or digest, and the toolkit does not invent them:
+they are `profile_gaps`, and every deploy of C is refused, naming them, until they are set here (or per host)
+to what you verified. The rest of the lab deploys with `--limit rtx_pro_6000_pair,gb10_dspark` meanwhile
+(README "Profile C: what the write-up leaves open").
 Driver: the 580 branch (590 leaked unified memory and deadlocked CUDA graphs on GB10).
 """
 
@@ -11,14 +12,15 @@ node_arch = "aarch64"
 gpu_indices = [0]
 tensor_parallel_size = 2
 
+profile_gaps = {
+    "model_revision": "seed 003 names the repository deepseek-ai/DeepSeek-V4-Flash-0731 but no commit",
+    "image": "seed 003 names the community image aidendle94/sparkrun-vllm-ds4-gb10 (vLLM 0.21.1rc1.dev) but no tag",
+    "image_digest": "seed 003 gives no digest for the image",
+}
+
 model_repo = "deepseek-ai/DeepSeek-V4-Flash-0731"
-model_revision = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
 model_root = "/srv/models/DeepSeek-V4-Flash-0731"
 model_layout = "plain"
-
-image = "docker.io/aidendle94/sparkrun-vllm-ds4-gb10:latest"
-image_digest = None
-allow_unpinned_image = True
 
 # No VLLM_USE_V2_MODEL_RUNNER (fails with the reasoning budget) and no --enable-expert-parallel
 # (the B12X MoE backend refuses EP). MTP speculative decoding is the image's DeepSeek MTP path.

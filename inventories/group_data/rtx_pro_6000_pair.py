@@ -32,6 +32,11 @@ jit_cache_mount = "/cache"
 container_tmp_dir = "/mnt/data/hf/tmp/ds4-v20-r24"
 container_tmp_mount = "/container-tmp"
 api_port = 8000
+# Seed 000's clients reach the API from another host (10.10.10.2 -> compute.home.arpa:8000). The toolkit keeps
+# it on loopback by default; for that topology put an authenticating reverse proxy on the host and say so, e.g.
+#   api_bind_address = "10.10.10.1"   # the address the proxy forwards to (or keep 127.0.0.1 and proxy locally)
+#   api_protected_by = "nginx on compute.home.arpa:8000 with client certificates"
+# (validation refuses a non-loopback api_bind_address without api_protected_by). README "Inference service".
 
 # The script's contract also has PORT, SERVED_MODEL_NAME, TP_SIZE and MODEL_PATH (the write-up's 8000,
 # grandpa, 2, /models/snapshots/<commit>): the unit derives them from api_port, served_model_name,

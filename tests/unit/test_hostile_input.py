@@ -15,7 +15,7 @@ import pytest
 
 from deploys.schema import InventoryValidationError, validate_hosts, validate_inventory
 from deploys.inventory import load_inventory
-from tests.unit.profiles import profile
+from tests.unit.profiles import lab_filled_in, profile
 
 PROFILE_A = profile("rtx_pro_6000_pair")
 PROFILE_B = profile("gb10_dspark")
@@ -302,7 +302,7 @@ def test_host_in_two_groups_that_disagree_is_named(tmp_path):
 
 
 def test_validate_cli_needs_no_connection(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "deploys.validate", "inventories/lab.py"],
+    ok = subprocess.run([sys.executable, "-m", "deploys.validate", lab_filled_in(tmp_path / "lab")],
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "gb10-b1.lab.example: valid (cluster gb10-dspark, rank 1)" in ok.stdout

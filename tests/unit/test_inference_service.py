@@ -12,10 +12,13 @@ from deploys.inference_service import (
     render_cluster,
     unit_sections,
 )
+import tempfile
+
 from deploys.inventory import inventory_configs, load_inventory
+from tests.unit.profiles import lab_filled_in
 from files.inference_service.roce_gid import find_gid
 
-LAB = inventory_configs(load_inventory("inventories/lab.py"))
+LAB = inventory_configs(load_inventory(lab_filled_in(tempfile.mkdtemp())))  # C with its gaps set
 UNITS = render_cluster(LAB)
 
 

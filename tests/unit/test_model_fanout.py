@@ -9,6 +9,7 @@ import pytest
 from deploys import model_fanout
 from deploys.inventory import load_inventory, node_config
 from deploys.model_fanout import SEED_DIR, fanout_plan, fanout_waves, render_rsyncd_conf
+from tests.unit.profiles import lab_filled_in
 
 
 @pytest.mark.parametrize("per_source", [1, 2, 3])
@@ -37,8 +38,8 @@ def test_up_to_the_fanout_the_control_node_feeds_every_node():
     assert plan["c"] == model_fanout.Assignment(1, "a")
 
 
-def test_lab_groups_hosts_that_want_the_same_files_at_the_same_place():
-    inv = load_inventory("inventories/lab.py")
+def test_lab_groups_hosts_that_want_the_same_files_at_the_same_place(tmp_path):
+    inv = load_inventory(lab_filled_in(tmp_path))  # C with its profile gaps set
     # the lab has no committed manifest for the real commits yet; a host without one is never planned
     assert fanout_plan([(h.name, node_config(h)) for h in inv]) == {}
     hosts = [(h.name, node_config(h).model_copy(update={"model_manifest": "reviewed.json"})) for h in inv]

@@ -6,10 +6,17 @@ import subprocess
 import sys
 
 from deploys.inference_service import unit_sections
+from tests.unit.profiles import lab_filled_in
 
 
 def test_whole_lab_inventory_renders(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "deploys.render", "inventories/lab.py", str(tmp_path)],
+    refused = subprocess.run([sys.executable, "-m", "deploys.render", "inventories/lab.py", str(tmp_path / "out")],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "spark-c0.lab.example: key 'model_revision'" in refused.stderr
+    assert not os.path.exists(tmp_path / "out")
+    lab = lab_filled_in(tmp_path / "filled")  # C with its profile gaps set
+    tmp_path = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "deploys.render", lab, str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     hosts = sorted(os.listdir(tmp_path))
@@ -31,8 +38,11 @@ def test_whole_lab_inventory_renders(tmp_path):
 
 def test_limit_renders_one_host_and_refuses_an_unknown_one(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "deploys.render", "inventories/lab.py", str(tmp_path),
-                           "--limit", "spark-c0.lab.example"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and os.listdir(tmp_path) == ["spark-c0.lab.example"]
+                           "--limit", "gb10-b0.lab.example"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and os.listdir(tmp_path) == ["gb10-b0.lab.example"], proc.stderr  # C's gaps left out
+    refused = subprocess.run([sys.executable, "-m", "deploys.render", "inventories/lab.py", str(tmp_path),
+                              "--limit", "gb10-mtp"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "spark-c1.lab.example: key 'image'" in refused.stderr
     bad = subprocess.run([sys.executable, "-m", "deploys.render", "inventories/lab.py", str(tmp_path),
                           "--limit", "nope"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "nope" in bad.stderr

@@ -8,7 +8,7 @@ import pytest
 
 from deploys.inventory import load_inventory
 from deploys.schema import InventoryValidationError, validate_hosts, validate_inventory
-from tests.unit.profiles import profile
+from tests.unit.profiles import lab_filled_in, profile
 
 PROFILE_A = profile("rtx_pro_6000_pair")
 PROFILE_B = profile("gb10_dspark")
@@ -39,8 +39,8 @@ HEAD = {"node_rank": 0, "fabric_address": "198.51.100.20"}
 WORKER = {"node_rank": 1, "fabric_address": "198.51.100.21"}
 
 
-def test_lab_inventory_is_valid_and_has_the_three_reference_groups():
-    inv = load_inventory("inventories/lab.py")
+def test_lab_inventory_is_valid_and_has_the_three_reference_groups(tmp_path):
+    inv = load_inventory(lab_filled_in(tmp_path))  # C's profile gaps set (tests/unit/test_profile_gaps.py)
     configs = validate_inventory(inv)
     groups = {g: [h.name for h in inv.get_group(g)] for g in ("rtx_pro_6000_pair", "gb10_dspark", "gb10_mtp")}
     assert [len(v) for v in groups.values()] == [1, 2, 2]
