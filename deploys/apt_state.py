@@ -4,7 +4,7 @@ On a node's first boot unattended-upgrades (apt-daily-upgrade.service) holds the
 apt-daily.service holds the lists lock while it updates. Two mechanisms cover the two locks:
 
 - installs: `DPkg::Lock::Timeout` in an apt.conf.d drop-in written before any apt command of the run, so
-  every `apt-get install/remove` (pyinfra's and ours) waits up to APT_LOCK_TIMEOUT_S for
+  every `apt-get install/remove` (pyinfra's and ours) waits up to `apt_lock_timeout_s` for
   /var/lib/dpkg/lock-frontend, printing apt's own "Waiting for cache lock: ... held by process N (name)".
 - `apt-get update`, `apt-mark` and `dpkg --configure -a`: apt honours that option for the dpkg locks only,
   never for /var/lib/apt/lists/lock (measured: apt 2.6.2 on Debian 12 and 3.0.4 on trixie fail at once with
@@ -29,9 +29,6 @@ from pyinfra.facts.server import Date
 from deploys.ops import atomic_put
 from facts.dpkg import DpkgAudit
 
-# How long any apt/dpkg command waits for another package run (unattended-upgrades on first boot) to
-# release its lock. A constant until the schema has a key for it (proposed: apt_lock_timeout_s, default 600).
-APT_LOCK_TIMEOUT_S = 600
 LOCK_DROPIN = "/etc/apt/apt.conf.d/50inference-nodes-lock-timeout"
 UPDATE_STAMP = "/var/lib/apt/periodic/update-success-stamp"  # where pyinfra's apt.update keeps cache_time
 
@@ -57,12 +54,21 @@ while :; do
 done"""
 
 
-def lock_waiting(*argv: str, timeout: int = APT_LOCK_TIMEOUT_S) -> StringCommand:
-    """``argv`` run on the node, retried while another apt/dpkg run holds the lock it needs (bounded)."""
+def lock_timeout() -> int:
+    """The host being prepared's `apt_lock_timeout_s`."""
+    from deploys.inventory import node_config
+
+    return node_config().apt_lock_timeout_s
+
+
+def lock_waiting(*argv: str, timeout: int | None = None) -> StringCommand:
+    """``argv`` run on the node, retried while another apt/dpkg run holds the lock it needs, for ``timeout``
+    seconds (default: the host's `apt_lock_timeout_s`)."""
+    timeout = lock_timeout() if timeout is None else timeout
     return StringCommand("sh", "-c", QuoteString(LOCK_WAIT_SCRIPT), "lock-wait", str(int(timeout)), *argv)
 
 
-def render_lock_dropin(timeout: int = APT_LOCK_TIMEOUT_S) -> str:
+def render_lock_dropin(timeout: int) -> str:
     return ("// Managed by inference-nodes (deploys/apt_state.py): wait for another apt/dpkg run (unattended-\n"
             "// upgrades on first boot) to release the dpkg lock instead of failing at once.\n"
             f'DPkg::Lock::Timeout "{int(timeout)}";\n')
@@ -115,6 +121,6 @@ def dpkg_repaired():
 @deploy("Package manager")
 def package_manager_ready():
     """First changes of a run: the lock wait for every later apt command, then a consistent dpkg."""
-    atomic_put(name="Wait for a held dpkg lock instead of failing (apt.conf.d)", src=StringIO(render_lock_dropin()),
+    atomic_put(name="Wait for a held dpkg lock instead of failing (apt.conf.d)", src=StringIO(render_lock_dropin(lock_timeout())),
                dest=LOCK_DROPIN, user="root", group="root", mode="0644", create_remote_dir=False)
     dpkg_repaired(name="Finish an interrupted dpkg run (dpkg --configure -a)")

@@ -3,14 +3,39 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 from pyinfra import host as current_host
 from pyinfra import state as current_state
 from pyinfra.api import State
-from pyinfra.api.inventory import Inventory
+from pyinfra.api.inventory import Inventory, extract_name_data
 from pyinfra.context import ctx_state
 
 from deploys.schema import NodeConfig, validate_inventory
+
+
+def _remember_hosts_listed_twice() -> None:
+    """pyinfra merges a host listed twice in one group without a word (the later entry's values win):
+    record such names on the inventory (``listed_twice``: name -> groups) so validation names them
+    (deploys/schema.py group_problems). Installed on import, before the CLI builds the inventory."""
+    original = Inventory.make_hosts_and_groups
+    if getattr(original, "remembers_listed_twice", False):
+        return
+
+    def make_hosts_and_groups(self, names, groups):
+        self.listed_twice = {}
+        for group, value in groups.items():
+            members = value[0] if isinstance(value, tuple) else value
+            for name, n in Counter(name for name, _ in extract_name_data(members)).items():
+                if n > 1:
+                    self.listed_twice.setdefault(name, []).append(group)
+        return original(self, names, groups)
+
+    make_hosts_and_groups.remembers_listed_twice = True
+    Inventory.make_hosts_and_groups = make_hosts_and_groups
+
+
+_remember_hosts_listed_twice()
 
 # id(inventory) -> (inventory, configs): each deploy file is exec'd once per host, validation runs once.
 _VALIDATED: dict[int, tuple[Inventory, dict[str, NodeConfig]]] = {}

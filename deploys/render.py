@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from deploys import container_runtime, host_tuning, inference_service, model_integrity, model_snapshot, nvidia_driver
+from deploys import apt_state, container_runtime, host_tuning, inference_service, model_integrity, model_snapshot, nvidia_driver
 from deploys.inventory import load_inventory
 from deploys.schema import NodeConfig, cluster_head, clusters, validate_inventory
 
@@ -24,6 +24,7 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: li
                distro: str = "ubuntu2404") -> dict[str, str]:
     """Node path -> content of every file the deploy writes from templates for this host."""
     out = {
+        apt_state.LOCK_DROPIN: apt_state.render_lock_dropin(cfg.apt_lock_timeout_s),
         nvidia_driver.PIN_FILE: nvidia_driver.render_apt_pin(cfg.nvidia_driver_branch),
         nvidia_driver.UNATTENDED_FILE: nvidia_driver.render_unattended_blacklist(cfg),
         container_runtime.TOOLKIT_SOURCE: container_runtime.render_toolkit_source(cfg, container_runtime.DEB_ARCH[cfg.node_arch]),

@@ -740,8 +740,19 @@ class ContainerRuntimeKeys(_Keys):
         return int(major), int(minor)
 
 
+class PackageManagerKeys(_Keys):
+    """apt and dpkg under real conditions (deploys/apt_state.py)."""
+
+    apt_lock_timeout_s: int = _key(
+        600,
+        description="how long every apt/dpkg command waits for another package run (unattended-upgrades on "
+        "first boot) to release its lock before the host fails, naming the holder",
+        ge=0, le=86400,
+    )
+
+
 class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKeys, NvidiaDriverKeys,
-                 ContainerRuntimeKeys):
+                 ContainerRuntimeKeys, PackageManagerKeys):
     """Every key for one node, validated. Derived values are properties."""
 
     @model_validator(mode="after")
@@ -848,6 +859,7 @@ COMPONENT_KEYS: dict[str, type[_Keys]] = {
     "host_tuning": HostTuningKeys,
     "nvidia_driver": NvidiaDriverKeys,
     "container_runtime": ContainerRuntimeKeys,
+    "package_manager": PackageManagerKeys,
 }
 
 
@@ -1175,7 +1187,11 @@ def group_problems(inventory) -> list[Problem]:
     """A host in two groups that set one key differently gets whichever pyinfra merges last: name it.
     Groups holding every host (`all`, the inventory file's own group, applied last) are layers, not rivals
     (so in a one-host inventory no group is compared)."""
-    problems = []
+    problems = [
+        Problem(name, "(inventory entry)", name, f"one entry per host: it is listed more than once in group "
+                f"{' and '.join(groups)} (pyinfra merges the entries silently; the later one's values win)")
+        for name, groups in getattr(inventory, "listed_twice", {}).items()
+    ]
     everyone = set(inventory)
     for host in inventory:
         own = inventory.get_host_data(host.name) or {}

@@ -8,11 +8,12 @@ import subprocess
 from deploys.inference_service import render_cluster
 from deploys.inventory import inventory_configs, load_inventory
 from tests.node.conftest import NODE_SH
+from tests.unit.profiles import lab_filled_in
 
 
 def test_quadlet_generator_accepts_every_rendered_unit(sandbox, tmp_path):
     units = {}
-    for inventory in ("inventories/lab.py", "inventories/sandbox.py"):
+    for inventory in (lab_filled_in(tmp_path), "inventories/sandbox.py"):  # C with its profile gaps set
         for host, text in render_cluster(inventory_configs(load_inventory(inventory))).items():
             units[host.split(".")[0]] = text
     node = sandbox[0]
@@ -28,7 +29,7 @@ def test_quadlet_generator_accepts_every_rendered_unit(sandbox, tmp_path):
     assert proc.stdout.count("ExecStartPre=/usr/local/bin/inference-nodes-model-gate") == len(units)
 
 
-def test_generated_exec_start_runs_exactly_the_rendered_command_line(sandbox):
+def test_generated_exec_start_runs_exactly_the_rendered_command_line(sandbox, tmp_path):
     """What Podman's generator makes of Exec=, Environment= and HealthCmd= (systemd's quoting is the
     renderer's job): the image is followed by exactly the rendered vLLM command line."""
     import shlex
@@ -36,7 +37,7 @@ def test_generated_exec_start_runs_exactly_the_rendered_command_line(sandbox):
     from deploys.inference_service import container_argv, service_environment
     from deploys.schema import cluster_head, clusters
 
-    configs = inventory_configs(load_inventory("inventories/lab.py"))
+    configs = inventory_configs(load_inventory(lab_filled_in(tmp_path)))
     by_cluster = clusters(configs)
     for host in ("gb10-b1.lab.example", "rtx-pro-a.lab.example"):
         cfg = configs[host]
@@ -69,10 +70,10 @@ HOSTILE_ENV = {"MODE": 'x" "LD_PRELOAD=/tmp/evil.so', "PCT": "100%", "VAR": "$PA
                "UNI": "café ✓", "SP": "two words", "Q": "'"}
 
 
-def _hostile_configs():
+def _hostile_configs(tmp_path):
     from deploys.schema import validate_hosts
 
-    inv = load_inventory("inventories/lab.py")
+    inv = load_inventory(lab_filled_in(tmp_path))
     hosts = {h.name: h.data.dict() for h in inv}
     for name in ("gb10-b0.lab.example", "gb10-b1.lab.example"):
         hosts[name]["vllm_args"] = list(hosts[name].get("vllm_args", [])) + HOSTILE_ARGS
@@ -82,7 +83,7 @@ def _hostile_configs():
     return validate_hosts(hosts)
 
 
-def test_hostile_values_reach_the_process_exactly_as_written(sandbox):
+def test_hostile_values_reach_the_process_exactly_as_written(sandbox, tmp_path):
     """The escaping writer proven end to end: each unit goes through Podman's Quadlet generator, then systemd
     itself runs the generated ExecStart= (podman swapped for a program that records its argv). The recorded
     argv holds exactly the intended vLLM arguments after the image and exactly the intended variables."""
@@ -91,7 +92,7 @@ def test_hostile_values_reach_the_process_exactly_as_written(sandbox):
     from deploys.inference_service import container_argv, service_environment
     from deploys.schema import cluster_head, clusters
 
-    configs = _hostile_configs()
+    configs = _hostile_configs(tmp_path)
     by_cluster = clusters(configs)
     units = render_cluster(configs)
     dump = ("#!/usr/bin/python3\nimport json, sys\n"

@@ -85,6 +85,25 @@ def test_converge_waits_for_a_held_dpkg_lock_and_completes(converged):
     assert _apt_changes(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", NODE)) == []
 
 
+def test_a_lock_held_past_apt_lock_timeout_s_fails_the_host_naming_the_lock(converged):
+    _ok("touch -d '2 days ago' /var/lib/apt/periodic/update-success-stamp")  # an apt-get update is due
+    _hold_locks(60)
+    try:
+        t0 = time.monotonic()
+        proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", NODE, "--data", "apt_lock_timeout_s=4", check=False)
+        took = time.monotonic() - t0
+        assert proc.returncode != 0
+        out = proc.stdout + proc.stderr
+        assert "inference-nodes: gave up after 4s waiting for the apt/dpkg lock to run '" in out, out[-3000:]
+        assert "Could not get lock /var/lib/" in out
+        assert took < 50, f"the run took {took:.0f} s: it did not give up after apt_lock_timeout_s"
+        assert 'DPkg::Lock::Timeout "4";' in _ok("cat /etc/apt/apt.conf.d/50inference-nodes-lock-timeout")
+    finally:
+        on_node(NODE, "systemctl stop test-hold-apt-locks 2>/dev/null")
+    pyinfra(INVENTORY, "deploys/all.py", "--limit", NODE)  # the default again, and the update it missed
+    assert 'DPkg::Lock::Timeout "600";' in _ok("cat /etc/apt/apt.conf.d/50inference-nodes-lock-timeout")
+
+
 def test_an_interrupted_dpkg_is_repaired_first_and_the_run_says_so(converged):
     pkg = "inference-nodes-interrupted"
     _ok(f"d=$(mktemp -d); mkdir $d/DEBIAN; printf 'Package: {pkg}\\nVersion: 1\\nArchitecture: all\\n"

@@ -55,5 +55,5 @@ def test_other_failures_are_not_retried():
 
 
 def test_lock_dropin_sets_dpkg_lock_timeout():
-    assert 'DPkg::Lock::Timeout "600";' in render_lock_dropin()
+    assert 'DPkg::Lock::Timeout "600";' in render_lock_dropin(600)
     assert render_lock_dropin(30).splitlines()[-1] == 'DPkg::Lock::Timeout "30";'

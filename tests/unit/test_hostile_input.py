@@ -197,6 +197,12 @@ CASES: list[tuple[str, dict, str, str]] = [
     ("local_ prefix", node_a(local_cache="/x"), "local_cache", "no such key"),
     ("docker_ prefix", node_a(docker_image="x"), "docker_image", "no such key"),
     ("schema key typo", node_a(model_revison=REV), "model_revison", "did you mean 'model_revision'"),
+    # --- apt's lock wait is bounded
+    ("apt lock wait negative", node_a(apt_lock_timeout_s=-1), "apt_lock_timeout_s", "greater than or equal to 0"),
+    ("apt lock wait a week", node_a(apt_lock_timeout_s=7 * 86400), "apt_lock_timeout_s", "less than or equal to 86400"),
+    ("apt lock wait inf", node_a(apt_lock_timeout_s="inf"), "apt_lock_timeout_s", "integer"),
+    # --- a profile gap naming no key
+    ("profile gap typo", node_a(profile_gaps={"model_revison": "seed 003"}), "profile_gaps", "no key 'model_revison'"),
 ]
 
 
@@ -299,6 +305,22 @@ def test_host_in_two_groups_that_disagree_is_named(tmp_path):
     msg = str(err.value)
     assert "host node-a: key 'image'" in msg
     assert "the host is in groups rtx_pro_6000_pair and gb10_dspark, which set it differently" in msg
+
+
+def test_host_listed_twice_is_named_by_the_cli_and_by_pyinfra_before_connecting(tmp_path):
+    """pyinfra itself merges the two entries silently (the later one's values win)."""
+    path = _inventory_dir(tmp_path, """
+        rtx_pro_6000_pair = [("node-a", {"ssh_hostname": "127.0.0.1", "ssh_port": 1, "ssh_connect_retries": 0}),
+                             ("node-a", {"ssh_hostname": "127.0.0.1", "ssh_port": 2, "ssh_connect_retries": 0})]
+    """)
+    expected = "host node-a: key '(inventory entry)' = 'node-a': expected one entry per host: it is listed more than once in group rtx_pro_6000_pair"
+    with pytest.raises(InventoryValidationError) as err:
+        validate_inventory(load_inventory(str(path)))
+    assert expected in str(err.value)
+    pyinfra = os.path.join(os.path.dirname(sys.executable), "pyinfra")
+    proc = subprocess.run([pyinfra, "-y", str(path), "deploys/all.py"], capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and expected in out and "Could not connect" not in out, out
 
 
 def test_validate_cli_needs_no_connection(tmp_path):
