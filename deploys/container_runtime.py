@@ -21,13 +21,12 @@ from pyinfra.operations.util import any_changed
 from deploys.apt_state import apt_lists_updated, lock_waiting
 from deploys.inventory import node_config
 from deploys.ops import apt_held, atomic_put, fail_host, flat_repo_source, keyring_verified, secret_file
-from deploys.schema import ContainerRuntimeKeys, NodeConfig, defaults_of
+from deploys.schema import ContainerRuntimeKeys, NodeConfig
 from facts.containers import CdiSpec, PodmanImageDigest, PodmanVersion
 from facts.nvidia import NvidiaKernelModule
 
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}  # node_arch -> Debian's name
 
-DEFAULTS = defaults_of(ContainerRuntimeKeys)  # keys, defaults and meanings: README "Inventory keys"
 
 HEADER = "# Managed by inference-nodes (deploys/container_runtime.py); local edits are overwritten.\n"
 TOOLKIT_SOURCE = "/etc/apt/sources.list.d/inference-nodes-nvidia-container-toolkit.sources"
@@ -166,7 +165,7 @@ def image_present(image: str, digest: str | None, authfile: str | None = None):
         yield StringCommand("sh", "-c", QuoteString(check))
 
 
-@deploy("Container runtime", data_defaults=DEFAULTS)
+@deploy("Container runtime")
 def container_runtime():
     cfg: NodeConfig = node_config()
     batch = (TOOLKIT_SOURCE, REFRESH_ENV, REGISTRIES_FILE)  # read in one round trip

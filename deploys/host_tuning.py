@@ -16,11 +16,10 @@ from pyinfra.operations import files, server
 
 from deploys.inventory import node_config
 from deploys.ops import atomic_put
-from deploys.schema import HostTuningKeys, NodeConfig, defaults_of
+from deploys.schema import NodeConfig
 from deploys.unit_text import env_file_line
 from facts.host import MountSizeBytes
 
-DEFAULTS = defaults_of(HostTuningKeys)  # keys, defaults and meanings: README "Inventory keys"
 
 LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
 SYSTEMD_DEFAULTS_FILE = "/etc/systemd/system.conf.d/90-inference-nodes.conf"
@@ -87,7 +86,7 @@ def shm_large_enough(min_bytes: int, reason: str):
     yield from ()
 
 
-@deploy("Host tuning", data_defaults=DEFAULTS)
+@deploy("Host tuning")
 def host_tuning():
     cfg = node_config()
     batch = (LIMITS_FILE, SYSTEMD_DEFAULTS_FILE, cfg.fabric_env_file)  # read in one round trip

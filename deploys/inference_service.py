@@ -27,11 +27,11 @@ from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files, systemd
 
 from deploys.host_tuning import render_fabric_env
-from deploys.inventory import inventory_configs, node_config
+from deploys.inventory import node_cluster, node_config
 from deploys.model_snapshot import GATE, STAMP
 from deploys.ops import atomic_put
 from deploys.unit_text import command_line, environment_line
-from deploys.schema import NodeConfig, cluster_head, clusters
+from deploys.schema import NodeConfig, cluster_head, cluster_of
 
 UNIT_DIR = "/etc/containers/systemd"
 RUN_DIR = "/run/inference-nodes"
@@ -80,10 +80,6 @@ def served_model_name(cfg: NodeConfig) -> str:
     return cfg.served_model_name or cfg.service_env.get("SERVED_MODEL_NAME") or model_path_in_container(cfg)
 
 
-def is_head(cfg: NodeConfig) -> bool:
-    return cfg.node_rank == 0
-
-
 def vllm_argv(cfg: NodeConfig, head: NodeConfig | None, nodes: int) -> list[str]:
     """`cli` launch: vLLM's whole command line after `vllm_command`, from typed keys. Multi-node clusters
     get vLLM's own flags (it reads no NODE_RANK/MASTER_ADDR environment); workers serve no API."""
@@ -94,7 +90,7 @@ def vllm_argv(cfg: NodeConfig, head: NodeConfig | None, nodes: int) -> list[str]
     if nodes > 1:
         argv += ["--nnodes", str(nodes), "--node-rank", str(cfg.node_rank),
                  "--master-addr", head.fabric_address if head else "", "--master-port", str(cfg.vllm_master_port)]
-    if nodes > 1 and not is_head(cfg):
+    if nodes > 1 and not cfg.is_head:
         argv.append("--headless")
     else:
         argv += ["--host", cfg.api_bind_address, "--port", str(cfg.api_port)]
@@ -151,7 +147,7 @@ def job_probe(cfg: NodeConfig, nodes: int) -> str:
     holds its connection to the head's store, the head holds one per node). When it fails, Podman kills
     the container (`HealthOnFailure=kill`) and `Restart=` brings it back to re-form the job. Quadlet passes
     HealthCmd= on as one string (run with /bin/sh -c); its parts are validated numbers and the image's python."""
-    role = f"--role head --nodes {nodes}" if is_head(cfg) else "--role worker"
+    role = f"--role head --nodes {nodes}" if cfg.is_head else "--role worker"
     return f"{cfg.vllm_python} {JOB_PROBE_MOUNT} --port {cfg.vllm_master_port} {role}"
 
 
@@ -174,7 +170,7 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
     ``members`` every node's config (multi-node: their launch digest is part of each unit, so a change on
     any node restarts the whole job, workers first: a head cannot take a new worker into a running job)."""
     memlock = "infinity" if cfg.limits_memlock == "unlimited" else str(cfg.limits_memlock)
-    role = "" if nodes == 1 else (" (head, rank 0)" if cfg.node_rank == 0 else f" (worker, rank {cfg.node_rank})")
+    role = "" if nodes == 1 else (" (head, rank 0)" if cfg.is_head else f" (worker, rank {cfg.node_rank})")
     out = [HEADER]
     if nodes > 1 and members:
         out.append(f"# cluster launch {cluster_launch_digest(members)}: a change on any node restarts every node\n")
@@ -229,11 +225,10 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
 
 def render_cluster(configs: dict[str, NodeConfig]) -> dict[str, str]:
     """Every host's unit, with each cluster's head and size resolved."""
-    by_cluster = clusters(configs)
     out = {}
     for name, cfg in configs.items():
-        members = by_cluster[cfg.cluster_name]
-        out[name] = render_container(cfg, cluster_head(members), len(members), [c for _, c in members])
+        cluster = cluster_of(configs, name)
+        out[name] = render_container(cfg, cluster.head, cluster.size, cluster.members)
     return out
 
 
@@ -241,10 +236,6 @@ ROCE_HELPER = "/usr/local/lib/inference-nodes/roce_gid.py"
 ARGS_CHECK = "/usr/local/lib/inference-nodes/check_vllm_args.py"
 JOB_PROBE = "/usr/local/lib/inference-nodes/job_probe.py"
 JOB_PROBE_MOUNT = "/run/inference-nodes-job-probe.py"
-
-
-def cluster_of(cfg: NodeConfig) -> list[tuple[str, NodeConfig]]:
-    return clusters(inventory_configs(host.inventory))[cfg.cluster_name]
 
 
 def fingerprint(unit_text: str, cfg: NodeConfig) -> str:
@@ -315,9 +306,9 @@ def service_current(service: str, started_from: str, fingerprint: str, act: bool
 @deploy("Inference service")
 def inference_service():
     cfg: NodeConfig = node_config()
-    members = cluster_of(cfg)
-    head, nodes = cluster_head(members), len(members)
-    unit_text = render_container(cfg, head, nodes, [c for _, c in members])
+    cluster = node_cluster()
+    head, nodes = cluster.head, cluster.size
+    unit_text = render_container(cfg, head, nodes, cluster.members)
     unit_path = f"{UNIT_DIR}/{cfg.container_name}.container"
     batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, unit_path)  # read in one round trip
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -344,6 +335,6 @@ def inference_service():
     fp = fingerprint(unit_text, cfg)
     started = started_from_path(cfg)
     service_current(name="Start or update workers (rank > 0) before heads", service=service, started_from=started,
-                    fingerprint=fp, act=cfg.node_rank > 0)
+                    fingerprint=fp, act=not cfg.is_head)
     service_current(name="Start or update heads and single nodes", service=service, started_from=started,
-                    fingerprint=fp, act=cfg.node_rank == 0)
+                    fingerprint=fp, act=cfg.is_head)

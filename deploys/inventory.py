@@ -11,13 +11,13 @@ from pyinfra.api import State
 from pyinfra.api.inventory import Inventory, extract_name_data
 from pyinfra.context import ctx_state
 
-from deploys.schema import NodeConfig, validate_inventory
+from deploys.schema import Cluster, NodeConfig, cluster_of, validate_inventory
 
 
 def _remember_hosts_listed_twice() -> None:
     """pyinfra merges a host listed twice in one group without a word (the later entry's values win):
     record such names on the inventory (``listed_twice``: name -> groups) so validation names them
-    (deploys/schema.py group_problems). Installed on import, before the CLI builds the inventory."""
+    (deploys/schema/cross_host.py group_problems). Installed on import, before the CLI builds the inventory."""
     original = Inventory.make_hosts_and_groups
     if getattr(original, "remembers_listed_twice", False):
         return
@@ -45,7 +45,7 @@ def inventory_configs(inventory: Inventory | None = None) -> dict[str, NodeConfi
     """Every host's validated config; raises InventoryValidationError naming host, key and value.
 
     Inside a pyinfra run, `--limit` is passed on: a host outside it whose only problems are profile gaps is
-    left out (deploys/schema.py validate_hosts)."""
+    left out (deploys/schema/cross_host.py validate_hosts)."""
     inventory = inventory if inventory is not None else current_state.inventory
     cached = _VALIDATED.get(id(inventory))
     if cached is None or cached[0] is not inventory:
@@ -60,6 +60,12 @@ def node_config(host=None) -> NodeConfig:
     """The validated config of ``host`` (default: the host pyinfra is preparing now)."""
     host = host if host is not None else current_host
     return inventory_configs(host.inventory)[host.name]
+
+
+def node_cluster(host=None) -> Cluster:
+    """The serving group of ``host`` (default: the host pyinfra is preparing now): head, size, members."""
+    host = host if host is not None else current_host
+    return cluster_of(inventory_configs(host.inventory), host.name)
 
 
 def load_inventory(path: str) -> Inventory:

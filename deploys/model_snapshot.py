@@ -29,13 +29,12 @@ from deploys import hub_lock, model_fanout
 from deploys.apt_state import apt_lists_updated
 from deploys.inventory import node_config, ssh_options
 from deploys.ops import atomic_put, fail_host, refuse, secret_file
-from deploys.schema import ModelKeys, NodeConfig, defaults_of
+from deploys.schema import NodeConfig
 from facts.host import FreeBytes
 from files.model_snapshot.peer_pull import balanced, parallel_rsync  # the same streams on both sides
 from files.model_snapshot.verify_snapshot import inside, read_manifest
 from facts.model import ModelVerification
 
-DEFAULTS = defaults_of(ModelKeys)  # keys, defaults and meanings: README "Inventory keys"
 
 VERIFIER = "/usr/local/lib/inference-nodes/verify_snapshot.py"
 MANIFEST = "/etc/inference-nodes/model-manifest.json"
@@ -261,7 +260,7 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
                         "--record", RECORD)
 
 
-@deploy("Model snapshot", data_defaults=DEFAULTS)
+@deploy("Model snapshot")
 def model_snapshot():
     cfg: NodeConfig = node_config()
     if cfg.model_manifest is None:

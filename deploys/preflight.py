@@ -20,8 +20,6 @@ from deploys.schema import NodeConfig
 from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources
 from facts.nvidia import NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, driver_state
 
-DEFAULTS: dict = {}  # reads cluster, model and host-tuning keys; sets none itself
-
 ARCH_ALIASES = {"arm64": "aarch64", "amd64": "x86_64"}
 COLUMNS = ("host", "cluster/rank", "OS", "arch", "kernel", "CPUs", "RAM", "free disk (model path)",
            "/dev/shm", "GPUs", "driver", "Podman", "RDMA")

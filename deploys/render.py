@@ -17,7 +17,7 @@ import sys
 
 from deploys import apt_state, container_runtime, host_tuning, inference_service, model_integrity, model_snapshot, nvidia_driver
 from deploys.inventory import load_inventory
-from deploys.schema import NodeConfig, cluster_head, clusters, validate_inventory
+from deploys.schema import NodeConfig, cluster_of, validate_inventory
 
 
 def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: list[NodeConfig],
@@ -54,16 +54,14 @@ def render_inventory(inventory_file: str, out_dir: str, limit: str | None = None
     inventory = load_inventory(inventory_file)
     limited = [h for h in inventory if limit in (h.name, h.data.get("cluster_name"))] if limit else None
     configs = validate_inventory(inventory, limited)  # every host first (C's profile gaps only outside --limit)
-    by_cluster = clusters(configs)
-    if limit and limit not in configs and limit not in by_cluster:
+    if limit and limit not in configs and limit not in {cfg.cluster_name for cfg in configs.values()}:
         raise SystemExit(f"--limit {limit}: no such host or cluster in {inventory_file}")
     written = []
     for name, cfg in configs.items():
         if limit and limit not in (name, cfg.cluster_name):
             continue
-        members = by_cluster[cfg.cluster_name]
-        peers = [c for _, c in members]
-        for path, text in host_files(cfg, cluster_head(members), len(members), peers, distro).items():
+        cluster = cluster_of(configs, name)
+        for path, text in host_files(cfg, cluster.head, cluster.size, cluster.members, distro).items():
             dest = os.path.join(out_dir, name, path.lstrip("/"))
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             with open(dest, "w") as f:

@@ -5,23 +5,41 @@ systemd (and Quadlet, which splits `Exec=` and `Environment=` the same way befor
 splits on whitespace, honours double quotes and C escapes, expands `%` specifiers and `$VAR` in
 `ExecStart=`. Every argument goes through :func:`unit_word`: quoted, `\\`, `"` escaped, `%` and `$`
 doubled. Control characters cannot be escaped safely in every consumer and are refused.
+
+The schema refuses the same characters (:func:`unprintable`) and variable names (:data:`ENV_NAME`) in
+inventory values, so a bad value is named at validation, before any host changes; this module is where
+both are defined.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
 _PLAIN = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # used with fullmatch: `$` would accept a trailing newline
 
 
 class UnitValueError(ValueError):
     """A value that cannot be written into a unit file."""
 
 
+def unprintable(text: str) -> bool:
+    """Control (C0, DEL, C1), format (zero-width, bidi override) and line/paragraph separator characters:
+    no unit file, env file, shell or terminal reads them back as written."""
+    return any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in text)
+
+
 def refuse_control(value: str) -> str:
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise UnitValueError(f"{value!r} contains a control character (newline, tab, ...)")
+    if unprintable(value):
+        raise UnitValueError(f"{value!r} contains a control character (newline, tab, zero-width or bidi mark, ...)")
     return value
+
+
+def _env_name(name: str) -> str:
+    if not ENV_NAME.fullmatch(name):
+        raise UnitValueError(f"{name!r} is not an environment variable name")
+    return name
 
 
 def unit_word(value: str) -> str:
@@ -43,15 +61,11 @@ def command_line(argv: list[str]) -> str:
 
 def environment_line(name: str, value: str) -> str:
     """`Environment=` with one assignment, however the value looks."""
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise UnitValueError(f"{name!r} is not an environment variable name")
-    return f"Environment={unit_word(f'{name}={value}')}\n"
+    return f"Environment={unit_word(f'{_env_name(name)}={value}')}\n"
 
 
 def env_file_line(name: str, value: str) -> str:
     """One `NAME=value` line of an env file Podman reads (Quadlet `EnvironmentFile=` in `[Container]` is
     `podman --env-file`): Podman takes the value verbatim after the first `=` (no quotes, no escapes), so
     only a control character could change what it reads, and that is refused."""
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise UnitValueError(f"{name!r} is not an environment variable name")
-    return f"{name}={refuse_control(value)}\n"
+    return f"{_env_name(name)}={refuse_control(value)}\n"

@@ -1,6 +1,6 @@
 """Validate the whole inventory against the schema before any host is touched, and before any connection.
 
-Three entries give the same verdict (deploys/schema.py ``validate_inventory``):
+Three entries give the same verdict (deploys/schema ``validate_inventory``):
 
 - ``python -m deploys.validate INVENTORY``: no connection, no network; exit 1 with the problem list.
 - ``config.py`` registers :class:`ValidateBeforeConnect` (:func:`validate_before_connect`), a pyinfra state

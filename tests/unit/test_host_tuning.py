@@ -3,9 +3,8 @@
 
 import pytest
 
-from deploys import host_tuning
 from deploys.host_tuning import render_fabric_env, render_limits, render_systemd_defaults, shm_problem
-from deploys.schema import HostTuningKeys, NodeConfig
+from deploys.schema import NodeConfig
 from tests.unit.profiles import profile
 
 PROFILE_B = profile("gb10_dspark")
@@ -53,10 +52,3 @@ def test_shm_problem_boundary(have, need, bad):
     assert (problem is not None) == bad
     if bad:
         assert "kv needs 9.0 GiB" in problem
-
-
-def test_deploy_defaults_are_the_schema_defaults():
-    assert host_tuning.DEFAULTS == {
-        name: field.default for name, field in HostTuningKeys.model_fields.items() if not field.is_required()
-    }
-    assert host_tuning.DEFAULTS["limits_nofile"] == 1048576

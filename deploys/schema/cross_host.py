@@ -1,0 +1,180 @@
+"""Rules across hosts, and the entry points that validate a whole inventory.
+
+- :func:`clusters` / :func:`cluster_of`: the one way a host's serving group is resolved (its members in
+  inventory order, the head, the size), for the rules below, the renderers and the deploys.
+- :func:`cluster_problems`: size, ranks, one head, fabric addresses, values every node must share.
+- :func:`machine_problems`: one inventory name per machine; :func:`group_problems`: groups that disagree.
+- :func:`validate_hosts` / :func:`validate_inventory`: every host parsed (deploys/schema/parse.py), then
+  these rules; one :class:`InventoryValidationError` lists every problem.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from deploys.schema.node import NodeConfig
+from deploys.schema.parse import parse_node
+from deploys.schema.problems import InventoryValidationError, Problem
+
+
+def clusters(configs: dict[str, NodeConfig]) -> dict[str, list[tuple[str, NodeConfig]]]:
+    """Hosts by `cluster_name`, in inventory order: (host name, config) pairs."""
+    out: dict[str, list[tuple[str, NodeConfig]]] = defaultdict(list)
+    for name, cfg in configs.items():
+        out[cfg.cluster_name].append((name, cfg))
+    return dict(out)
+
+
+def cluster_head(members: list[tuple[str, NodeConfig]]) -> NodeConfig | None:
+    """The rank-0 node of ``members`` (None only in an inventory that failed validation)."""
+    return next((cfg for _, cfg in members if cfg.is_head), None)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One serving group as a node's unit needs it: the head's config, the number of nodes, and every
+    member's config in inventory order."""
+
+    name: str
+    head: NodeConfig | None
+    size: int
+    members: list[NodeConfig]
+
+
+def cluster_of(configs: dict[str, NodeConfig], host: str) -> Cluster:
+    """The serving group ``host`` belongs to, among the validated ``configs`` of its inventory."""
+    name = configs[host].cluster_name
+    members = clusters(configs)[name]
+    return Cluster(name, cluster_head(members), len(members), [cfg for _, cfg in members])
+
+
+def cluster_problems(configs: dict[str, NodeConfig]) -> list[Problem]:
+    """Rules across the nodes of a cluster: size, ranks, one head, fabric addresses."""
+    problems: list[Problem] = []
+    for cluster, members in clusters(configs).items():
+        n = len(members)
+        for name, cfg in members:
+            expected_tp = len(cfg.gpu_indices) * n
+            if cfg.tensor_parallel_size != expected_tp:
+                problems.append(Problem(
+                    name, "tensor_parallel_size", cfg.tensor_parallel_size,
+                    f"{expected_tp} = {len(cfg.gpu_indices)} GPU(s) per node × {n} node(s) in cluster {cluster}",
+                ))
+            if cfg.node_rank >= n:
+                problems.append(Problem(name, "node_rank", cfg.node_rank, f"a rank in 0..{n - 1} (cluster {cluster} has {n} node(s))"))
+            if n > 1 and cfg.fabric_address is None:
+                problems.append(Problem(name, "fabric_address", None, f"an address, since cluster {cluster} spans {n} nodes"))
+        by_rank: dict[int, list[str]] = defaultdict(list)
+        for name, cfg in members:
+            by_rank[cfg.node_rank].append(name)
+        for rank, names in sorted(by_rank.items()):
+            if len(names) > 1:
+                for name in names:
+                    problems.append(Problem(name, "node_rank", rank, f"a rank unique in cluster {cluster} (also on {', '.join(x for x in names if x != name)})"))
+        if 0 not in by_rank:
+            for name, cfg in members:
+                problems.append(Problem(name, "node_rank", cfg.node_rank, f"exactly one head (rank 0) in cluster {cluster}; none has rank 0"))
+        addresses: dict[str, list[str]] = defaultdict(list)
+        for name, cfg in members:
+            if cfg.fabric_address:
+                addresses[cfg.fabric_address].append(name)
+        for addr, names in addresses.items():
+            if len(names) > 1:
+                for name in names:
+                    problems.append(Problem(name, "fabric_address", addr, f"an address unique in cluster {cluster}"))
+        for key in ("model_repo", "model_revision", "model_manifest", "image", "image_digest", "tensor_parallel_size",
+                    "vllm_launch", "vllm_command", "vllm_args", "vllm_speculative_config", "served_model_name", "vllm_master_port",
+                    "container_exec", "service_env", "model_mount", "model_layout", "gpu_indices"):
+            values = {repr(getattr(cfg, key)) for _, cfg in members}
+            if len(values) > 1:
+                for name, cfg in members:
+                    problems.append(Problem(name, key, getattr(cfg, key), f"the same value on every node of cluster {cluster}"))
+    return problems
+
+
+def machine_problems(hosts: dict[str, dict[str, Any]]) -> list[Problem]:
+    """One machine (SSH address and port) under two inventory names would get two services on one port."""
+    by_machine: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for name, data in hosts.items():
+        if name.startswith("@"):
+            continue
+        address = str(data.get("ssh_hostname") or name).lower().rstrip(".")
+        by_machine[(address, int(data.get("ssh_port") or 22))].append(name)
+    return [
+        Problem(name, "ssh_hostname", address,
+                f"one inventory name per machine ({address}:{port} is also {', '.join(n for n in names if n != name)})")
+        for (address, port), names in by_machine.items() if len(names) > 1 for name in names
+    ]
+
+
+def group_problems(inventory) -> list[Problem]:
+    """A host in two groups that set one key differently gets whichever pyinfra merges last: name it.
+    Groups holding every host (`all`, the inventory file's own group, applied last) are layers, not rivals
+    (so in a one-host inventory no group is compared)."""
+    problems = [
+        Problem(name, "(inventory entry)", name, f"one entry per host: it is listed more than once in group "
+                f"{' and '.join(groups)} (pyinfra merges the entries silently; the later one's values win)")
+        for name, groups in getattr(inventory, "listed_twice", {}).items()
+    ]
+    everyone = set(inventory)
+    for host in inventory:
+        own = inventory.get_host_data(host.name) or {}
+        groups = [g for g, members in inventory.groups.items() if host in members and set(members) != everyone]
+        seen: dict[str, tuple[str, Any]] = {}
+        for group in groups:
+            for key, value in (inventory.get_group_data(group) or {}).items():
+                if key in own or key.startswith("__"):
+                    continue
+                if key in seen and seen[key][1] != value:
+                    problems.append(Problem(
+                        host.name, key, value,
+                        f"one value: the host is in groups {seen[key][0]} and {group}, which set it differently "
+                        "(set it on the host, or in one of the groups)"))
+                seen.setdefault(key, (group, value))
+    return problems
+
+
+def validate_hosts(hosts: dict[str, dict[str, Any]], deployed: set[str] | None = None) -> dict[str, NodeConfig]:
+    """Validate every host's data and the cluster rules; raise one error listing every problem.
+
+    ``deployed`` (pyinfra's --limit, widened to whole clusters): a host outside it whose only problems are
+    profile gaps is left out of the result instead of refusing the run, so deploying A and B need not wait
+    for the values C's write-up leaves open. Any other problem on any host still refuses the run.
+    """
+    configs: dict[str, NodeConfig] = {}
+    problems: list[Problem] = []
+    for name, data in hosts.items():
+        cfg, errs = parse_node(name, data)
+        if deployed is not None and name not in deployed and errs and all(p.gap for p in errs):
+            continue
+        problems += errs
+        if cfg is not None:
+            configs[name] = cfg
+    problems += machine_problems(hosts)
+    if not problems:
+        problems = cluster_problems(configs)
+    if problems:
+        raise InventoryValidationError(problems)
+    return configs
+
+
+def validate_inventory(inventory, limit_hosts=None) -> dict[str, NodeConfig]:
+    """Validate every host of a pyinfra inventory (all of them, not only those --limit selects; see
+    validate_hosts for the one exception, profile gaps outside the limit)."""
+    problems = group_problems(inventory)
+    hosts = {h.name: h.data.dict() for h in inventory}
+    deployed = None
+    if limit_hosts is not None:
+        limited = {h.name for h in limit_hosts}
+        cluster_name = {name: data.get("cluster_name") for name, data in hosts.items()}
+        deployed = {name for name in hosts
+                    if name in limited or cluster_name[name] in {cluster_name[x] for x in limited if x in cluster_name}}
+    try:
+        configs = validate_hosts(hosts, deployed)
+    except InventoryValidationError as e:
+        problems += e.problems
+    if problems:
+        raise InventoryValidationError(problems)
+    return configs

@@ -1,0 +1,109 @@
+"""Model snapshot keys: what, at which commit, where on disk, how it gets there and is re-verified
+(deploys/model_snapshot.py, deploys/model_integrity.py). The manifest and token files are read by
+deploys/schema/control_files.py once the keys parse."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import model_validator
+
+from deploys.schema.base import HEX40, AbsPath, ComponentKeys, _key
+from deploys.schema.problems import KeyRuleError
+
+
+class ModelKeys(ComponentKeys):
+    """The model snapshot: what, at which commit, where on disk."""
+
+    model_repo: str = _key(
+        description="hub repository id (`org/name`)", pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$"
+    )
+    model_revision: str = _key(description="the pinned 40-hex commit of `model_repo` (never a branch or tag)")
+    model_root: AbsPath = _key(
+        description="directory holding the snapshot: the HF cache root (`hf_cache`) or the files themselves (`plain`)"
+    )
+    model_layout: Literal["hf_cache", "plain"] = _key(
+        "hf_cache",
+        description="`hf_cache`: `<root>/hub/models--org--name/snapshots/<commit>`; `plain`: the files in `model_root`",
+    )
+    model_size_gb: float = _key(
+        167.0,
+        description="disk the complete snapshot needs (GB, 10^9 bytes); preflight checks free space against "
+        "what is still missing",
+        gt=0, le=100_000,
+    )
+
+    model_manifest: str | None = _key(
+        None,
+        description="trusted manifest: `files/manifests/<org>--<name>@<commit>.json` (committed after review) or an "
+        "absolute control-node path; its repo/commit must be `model_repo`/`model_revision`",
+    )
+    model_sync_mode: Literal["hub", "push", "present"] = _key(
+        "push",
+        description="`hub`: each node downloads with huggingface_hub; `push`: the control node downloads once, "
+        "verifies, rsyncs what each node lacks; `present`: only verify",
+    )
+    model_hub_venv: AbsPath = _key(
+        "/opt/inference-nodes/hub-venv",
+        description="venv the `hub` mode manages on the node (the pinned huggingface_hub, wheels pushed from the "
+        "control node)",
+    )
+    model_hub_endpoint: str = _key("https://huggingface.co", description="hub URL (HF_ENDPOINT)",
+                                   pattern=r"^https?://\S+$")
+    model_hub_token_file: AbsPath | None = _key(
+        None, description="control-node file holding a hub token (outside the repo, 0600); never printed"
+    )
+    model_control_cache: AbsPath = _key(
+        "/var/cache/inference-nodes/hub", description="control-node HF cache the `push` mode downloads into"
+    )
+    model_rsync_streams: int = _key(4, description="parallel rsync streams per node in `push` mode", ge=1, le=16)
+    model_push_fanout: int = _key(
+        2,
+        description="`push` mode: nodes each holder feeds per wave; the control node feeds the first this many of a "
+        "group, then every node holding a verified copy feeds this many more (node to node)",
+        ge=1, le=16,
+    )
+    model_peer_address: str | None = _key(
+        None,
+        description="address this node serves its verified copy to peers on during a `push` fan-out "
+        "(default: the SSH host; set a faster network that every node of the group can reach)",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]*$",
+    )
+    model_peer_port: int = _key(873, description="TCP port of that transient read-only rsync daemon", ge=1, le=65535)
+    model_verify_full: bool = _key(
+        False,
+        description="re-hash every file in this converge even when the stamp matches (`--data model_verify_full=true`); "
+        "a node with no deep-verify record gets a full re-hash anyway",
+    )
+    model_deep_verify_every: Literal["daily", "weekly", "monthly"] = _key(
+        "weekly",
+        description="how often the node's timer (`inference-nodes-model-verify.timer`) re-hashes every file against "
+        "the manifest; the audit fails when the last deep verify is older than this plus the window and 12 h",
+    )
+    model_deep_verify_at: str = _key(
+        "03:00",
+        description="start of the deep verify's window, node local time `HH:MM` (weekly: Sundays; monthly: the 1st)",
+        pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$",
+    )
+    model_deep_verify_window_h: int = _key(
+        4, description="the start is spread at random over this many hours, so a cluster's nodes do not all read "
+        "at once (systemd `RandomizedDelaySec=`)", ge=0, le=23,
+    )
+    model_deep_verify_max_mbps: int | None = _key(
+        None,
+        description="read-rate cap of the deep verify in MB/s (all threads); it runs at nice 19, idle IO class and "
+        "drops the files it read from the page cache either way",
+        ge=10, le=100_000,
+    )
+    model_deep_verify_on_mismatch: Literal["stop", "keep_serving"] = _key(
+        "stop",
+        description="a bad file found by the deep verify (it is named in the journal and the stamp removed): `stop` "
+        "stops the service; `keep_serving` keeps serving what it loaded. Either way it cannot start again until a "
+        "converge repairs the snapshot, and the converge restarts it",
+    )
+
+    @model_validator(mode="after")
+    def _revision_is_commit(self) -> ModelKeys:
+        if not HEX40.fullmatch(self.model_revision):
+            raise KeyRuleError("model_revision", self.model_revision, "a 40-hex commit id (lower case)")
+        return self

@@ -1,0 +1,155 @@
+"""The whole typed config of one node: every component's keys, the rules between components, and the
+values derived from the keys (computed here once; deploys, renderers and audits read these).
+
+Where a new key goes: in its component's module (deploys/schema/<component>.py, one ``*Keys`` class each,
+listed in :data:`COMPONENT_KEYS`); a rule between two components' keys, or a value derived from several, here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import model_validator
+
+from deploys.schema.base import SYSTEM_DIRS, ComponentKeys, is_loopback_host
+from deploys.schema.cluster import ClusterKeys
+from deploys.schema.container import ContainerKeys
+from deploys.schema.container_runtime import ContainerRuntimeKeys
+from deploys.schema.host_tuning import HostTuningKeys
+from deploys.schema.image import ImageKeys
+from deploys.schema.model import ModelKeys
+from deploys.schema.nvidia_driver import NvidiaDriverKeys
+from deploys.schema.package_manager import PackageManagerKeys
+from deploys.schema.problems import KeyRuleError
+from files.model_snapshot.verify_snapshot import inside
+
+
+class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKeys, NvidiaDriverKeys,
+                 ContainerRuntimeKeys, PackageManagerKeys):
+    """Every key for one node, validated. Derived values are properties."""
+
+    @model_validator(mode="after")
+    def _profile_gaps_name_keys(self) -> NodeConfig:
+        for key in self.profile_gaps:
+            if key not in NodeConfig.model_fields or key == "profile_gaps":
+                raise KeyRuleError("profile_gaps", self.profile_gaps, f"keys of this schema (no key '{key}')")
+        return self
+
+    @model_validator(mode="after")
+    def _writable_dirs_outside_model(self) -> NodeConfig:
+        """The JIT and tmp directories are mounted writable: inside (or above) the model directory they
+        would make the read-only snapshot writable from the container."""
+        dirs = [(k, getattr(self, k)) for k in ("jit_cache_dir", "container_tmp_dir") if getattr(self, k)]
+        for key, path in dirs:
+            if inside(path, self.model_dir) or inside(self.model_dir, path):
+                raise KeyRuleError(key, path, f"a directory outside the model directory {self.model_dir} (it is "
+                                   "mounted writable)")
+            if path in SYSTEM_DIRS:
+                raise KeyRuleError(key, path, "a directory of its own, not a system directory")
+        if len(dirs) == 2 and (inside(dirs[0][1], dirs[1][1]) or inside(dirs[1][1], dirs[0][1])):
+            raise KeyRuleError("container_tmp_dir", dirs[1][1], f"a directory apart from jit_cache_dir ({dirs[0][1]})")
+        return self
+
+    @model_validator(mode="after")
+    def _token_never_in_clear(self) -> NodeConfig:
+        from urllib.parse import urlsplit
+
+        url = urlsplit(self.model_hub_endpoint)
+        if self.model_hub_token_file and url.scheme == "http" and not is_loopback_host(url.hostname or ""):
+            raise KeyRuleError("model_hub_endpoint", self.model_hub_endpoint,
+                               "an https:// endpoint: a hub token is never sent over plain HTTP except to loopback")
+        return self
+
+    @model_validator(mode="after")
+    def _container_shm_holds_what_it_needs(self) -> NodeConfig:
+        have = self.container_shm_bytes
+        if have is not None and have < self.shm_required_bytes:
+            raise KeyRuleError("container_shm_size", self.container_shm_size,
+                               f"at least {self.shm_required_bytes / 2**30:g} GiB: the container's /dev/shm "
+                               f"holds kv_offload_gib {self.kv_offload_gib:g} + shm_headroom_gib "
+                               f"{self.shm_headroom_gib:g} (or container_ipc_host: true to use the host's)")
+        return self
+
+    @model_validator(mode="after")
+    def _service_env_agrees_with_keys(self) -> NodeConfig:
+        offload = self.service_env.get("KV_OFFLOADING_SIZE")
+        if offload is not None:
+            try:
+                matches = float(offload) == float(self.kv_offload_gib)
+            except ValueError:
+                matches = False
+            if not matches:
+                raise KeyRuleError(
+                    "kv_offload_gib",
+                    self.kv_offload_gib,
+                    f"the same size as service_env KV_OFFLOADING_SIZE={offload} (the /dev/shm check relies on it)",
+                )
+        tp = self.service_env.get("TP_SIZE")
+        if tp is not None and tp != str(self.tensor_parallel_size):
+            raise KeyRuleError(
+                "service_env", f"TP_SIZE={tp}", f"TP_SIZE equal to tensor_parallel_size ({self.tensor_parallel_size})"
+            )
+        return self
+
+    @property
+    def model_dir(self) -> str:
+        """Host directory mounted into the container (the repo's cache folder, or the plain directory)."""
+        if self.model_layout == "hf_cache":
+            return f"{self.model_root}/hub/models--{self.model_repo.replace('/', '--')}"
+        return self.model_root
+
+    @property
+    def snapshot_dir(self) -> str:
+        """Host directory holding the files of the pinned commit."""
+        if self.model_layout == "hf_cache":
+            return f"{self.model_dir}/snapshots/{self.model_revision}"
+        return self.model_root
+
+    @property
+    def image_ref(self) -> str:
+        return f"{self.image}@{self.image_digest}" if self.image_digest else self.image
+
+    @property
+    def shm_required_bytes(self) -> int:
+        return int((self.kv_offload_gib + self.shm_headroom_gib) * 2**30)
+
+    @property
+    def container_shm_bytes(self) -> int | None:
+        """The /dev/shm the container really gets: the host's with `--ipc=host` (None: checked on the node),
+        else `ShmSize=` (:attr:`shm_size_rendered`)."""
+        if self.container_ipc_host:
+            return None
+        number, unit = re.fullmatch(r"([0-9]+)([bkmg]?)", self.shm_size_rendered).groups()
+        return int(number) * {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}[unit]
+
+    @property
+    def shm_size_rendered(self) -> str | None:
+        """`ShmSize=` of the unit: `container_shm_size`, or (unset, without host IPC) what the container
+        needs rounded up to MiB, never Podman's 64 MiB default."""
+        if self.container_ipc_host:
+            return None
+        return self.container_shm_size or f"{-(-self.shm_required_bytes // 2**20)}m"
+
+
+COMPONENT_KEYS: dict[str, type[ComponentKeys]] = {
+    "cluster": ClusterKeys,
+    "model": ModelKeys,
+    "image": ImageKeys,
+    "container": ContainerKeys,
+    "host_tuning": HostTuningKeys,
+    "nvidia_driver": NvidiaDriverKeys,
+    "container_runtime": ContainerRuntimeKeys,
+    "package_manager": PackageManagerKeys,
+}
+
+
+def defaults_of(keys: type[ComponentKeys]) -> dict[str, Any]:
+    """The documented defaults of one component; required keys are left out. Nothing needs them at run time
+    (every deploy reads :class:`NodeConfig`, never ``host.data``): kept only for deploys/nvidia_driver.py's
+    ``DEFAULTS`` until that file drops it."""
+    return {
+        name: field.default
+        for name, field in keys.model_fields.items()
+        if name in keys.__annotations__ and not field.is_required()
+    }

@@ -1,0 +1,86 @@
+"""One host's data -> its :class:`NodeConfig`, or every problem with it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from deploys.schema.control_files import control_file_problems
+from deploys.schema.node import NodeConfig
+from deploys.schema.problems import MISSING, Problem, problems_from
+from deploys.unit_text import unprintable
+
+
+def _pyinfra_keys() -> frozenset[str]:
+    """pyinfra's own host-data keys: every installed connector's data keys and the global arguments
+    (`_sudo`, ...). host.data carries them beside ours; everything else must be a schema key, so a typo
+    (`podman_min_versoin`) is an error, not a silently ignored value."""
+    from importlib.metadata import entry_points
+
+    from pyinfra.api.arguments import all_global_arguments
+
+    keys = {name for name, _ in all_global_arguments() if name.startswith("_")}
+    for ep in entry_points(group="pyinfra.connectors"):
+        try:
+            keys |= set(getattr(ep.load(), "data_meta", None) or {})
+        except Exception:  # a broken third-party connector must not break validation
+            continue
+    return frozenset(keys)
+
+
+PYINFRA_KEYS = _pyinfra_keys()
+
+UNPRINTABLE = ("no control characters (newline, tab, NUL, escape, zero-width or bidi marks): unit and env files "
+               "cannot carry them safely")
+
+
+def schema_data(data: dict[str, Any]) -> dict[str, Any]:
+    """The part of a host's data the schema owns (pyinfra's own connector/argument keys dropped)."""
+    return {k: v for k, v in data.items() if k not in PYINFRA_KEYS}
+
+
+def _strings(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+def parse_node(host: str, data: dict[str, Any]) -> tuple[NodeConfig | None, list[Problem]]:
+    """Validate one host's data: keys holding an unprintable character are reported once (and never echoed
+    raw elsewhere) while the others are still checked; the control-node files it names are checked once
+    its keys parse. A key the profile lists in `profile_gaps` that is still unset is reported as the
+    write-up's gap."""
+    cfg, problems = _parse_node(host, schema_data(data))
+    return cfg, _as_gaps(host, data.get("profile_gaps"), problems)
+
+
+def _as_gaps(host: str, gaps: Any, problems: list[Problem]) -> list[Problem]:
+    if not isinstance(gaps, dict):
+        return problems
+    return [
+        Problem(host, p.key, MISSING, f"a value: the profile's write-up stops here ({gaps[p.key]}) and the "
+                "toolkit does not invent one; set it in the inventory to what you verified", gap=True)
+        if p.key in gaps and isinstance(gaps[p.key], str) and (p.value is MISSING or p.value is None) else p
+        for p in problems
+    ]
+
+
+def _parse_node(host: str, data: dict[str, Any]) -> tuple[NodeConfig | None, list[Problem]]:
+    unprintable_keys = [key for key, value in data.items() if any(unprintable(s) for s in _strings(value))]
+    problems = [Problem(host, key, data[key], UNPRINTABLE) for key in unprintable_keys]
+    rest = {k: v for k, v in data.items() if k not in unprintable_keys}
+    try:
+        cfg = NodeConfig.model_validate(rest)
+    except ValidationError as e:
+        # a required key held back above is "missing" in `rest`: it is already reported
+        return None, problems + [p for p in problems_from(host, rest, e, NodeConfig, PYINFRA_KEYS)
+                                 if p.key.split("[", 1)[0] not in unprintable_keys]
+    problems += control_file_problems(host, cfg)
+    return (None if problems else cfg), problems

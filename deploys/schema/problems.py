@@ -1,0 +1,167 @@
+"""Problems that name host, key, value and expectation; pydantic's errors translated into them; and
+showing a bad value without ever showing a secret."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from pyinfra.api.exceptions import DeployError
+
+from deploys.schema.base import SECRET_FILE_KEYS, SECRET_NAME, is_safe_path
+
+# --------------------------------------------------------------------------------------------------
+# Showing a bad value without ever showing a secret
+
+# Well-known token shapes (Hugging Face, GitHub, GitLab, OpenAI-style, AWS, Slack, JWT) and any long run of
+# mixed-case letters and digits (a random secret) that is not plain hex (commits and digests are shown).
+_TOKEN = re.compile(
+    r"(hf_|gh[pousr]_|github_pat_|glpat-|sk-|xox[abprs]-)[A-Za-z0-9_-]{12,}|AKIA[0-9A-Z]{16}"
+    r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
+    r"|(?<![A-Za-z0-9+=])(?=[A-Za-z0-9+=]*[a-z])(?=[A-Za-z0-9+=]*[A-Z])(?=[A-Za-z0-9+=]*[0-9])[A-Za-z0-9+=]{32,}"
+)
+HIDDEN = "<hidden: looks like a secret>"
+
+
+def looks_secret(text: str) -> bool:
+    return bool(_TOKEN.search(text))
+
+
+def shown_value(key: str, value: Any) -> str:
+    """``value`` as an error message may show it: secrets (by the key's name, by their shape, or a
+    secret-file key given something that is not a path) are replaced by a placeholder."""
+    base = key.split("[", 1)[0]
+    if base in SECRET_FILE_KEYS and value is not None and not (isinstance(value, str) and is_safe_path(value)):
+        return "<hidden: not a path; the key takes a control-node file holding the secret>"
+    if base not in SECRET_FILE_KEYS and SECRET_NAME.fullmatch(base):
+        return "<hidden: the key is named like a secret>"
+    return repr(_redacted(value))
+
+
+class _Hidden(str):
+    def __repr__(self) -> str:
+        return HIDDEN
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return _Hidden() if looks_secret(value) else value
+    if isinstance(value, dict):
+        return {k: (_Hidden() if SECRET_NAME.fullmatch(str(k)) else _redacted(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_redacted(v) for v in value)
+    return value
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors that name host, key, value and expectation
+
+MISSING = object()  # the value of a required key that is not set
+
+
+@dataclass(frozen=True)
+class Problem:
+    host: str
+    key: str
+    value: Any
+    expected: str
+    gap: bool = False  # a value the profile's write-up leaves open (profile_gaps), not a wrong one
+
+    def __str__(self) -> str:
+        shown = "<missing>" if self.value is MISSING else shown_value(self.key, self.value)
+        return f"host {self.host}: key '{self.key}' = {shown}: expected {self.expected}"
+
+
+class InventoryValidationError(DeployError):
+    """The inventory is invalid; nothing was changed on any host."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        hint = ""
+        if any(p.gap for p in problems):
+            hint = ("\n  (profile gaps: until they are set, deploy the other groups with pyinfra's --limit; a host "
+                    "outside the limit whose only problems are gaps is left out)")
+        super().__init__(
+            f"inventory validation failed ({len(problems)} problem(s)); nothing was changed on any host:\n{lines}{hint}"
+        )
+
+
+class KeyRuleError(ValueError):
+    """Raised inside a validator so the problem names the key a (cross-field) rule is about."""
+
+    def __init__(self, key: str, value: Any, expected: str):
+        self.key, self.value, self.expected = key, value, expected
+        super().__init__(f"{key}: {shown_value(key, value)}: expected {expected}")
+
+
+# --------------------------------------------------------------------------------------------------
+# pydantic's errors, as sentences that name the key
+
+
+def problems_from(host: str, data: dict[str, Any], error: ValidationError, model: type[BaseModel],
+                  other_keys: typing.Iterable[str] = ()) -> list[Problem]:
+    """``error`` (from validating ``data`` as ``model``) as one problem per bad key. ``other_keys``: keys
+    that are not the model's but are known (pyinfra's own), offered as spellings of an unknown key."""
+    out: list[Problem] = []
+    union_expected: dict[str, list[str]] = {}
+    for err in error.errors():
+        ctx_err = (err.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, KeyRuleError):
+            out.append(Problem(host, ctx_err.key, ctx_err.value, ctx_err.expected))
+            continue
+        loc = [str(p) for p in err["loc"]]
+        key = loc[0] if loc else "?"
+        if err["type"] == "missing":
+            out.append(Problem(host, key, MISSING, f"a value ({_describe(model, key)})"))
+        elif err["type"] == "extra_forbidden" and len(loc) == 1:
+            out.append(Problem(host, key, data.get(key), _unknown_key(key, [*model.model_fields, *other_keys])))
+        elif len(loc) >= 2 and _union_field(model, key) and not loc[1].isdigit():
+            # one error per member of the union (loc names the member's type): one problem for the key
+            union_expected.setdefault(key, []).append(_expected_from(err))
+        else:
+            where = key + "".join(f"[{p}]" for p in loc[1:])
+            expected = "no such field: a typo?" if err["type"] == "extra_forbidden" else _expected_from(err)
+            if err["type"] == "string_pattern_mismatch":
+                expected += f" ({_describe(model, key)})"
+            out.append(Problem(host, where, err.get("input"), expected))
+    for key, alternatives in union_expected.items():
+        out.append(Problem(host, key, data.get(key), " or ".join(dict.fromkeys(alternatives))))
+    return out
+
+
+def _expected_from(err: dict) -> str:
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "string_pattern_mismatch":
+        return f"a value matching {err['ctx']['pattern']}"
+    for prefix in ("Input should be ", "String should have ", "String should be ", "List should have ",
+                   "Dictionary should have ", "expected "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+            break
+    if msg.startswith(("greater than", "less than")):
+        msg = f"a number {msg}"
+    elif msg.startswith(("at least", "at most")):
+        msg = f"a value with {msg}"
+    return msg.replace("a finite number", "a finite number (not inf or nan)")
+
+
+def _union_field(model: type[BaseModel], key: str) -> bool:
+    field = model.model_fields.get(key)
+    return field is not None and typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
+
+
+def _unknown_key(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    hint = f"did you mean '{close[0]}'?" if close else "a typo?"
+    return f"no such key ({hint} see the README's key table; pyinfra's own keys are its connectors' and global arguments')"
+
+
+def _describe(model: type[BaseModel], key: str) -> str:
+    field = model.model_fields.get(key)
+    return field.description if field and field.description else key
