@@ -147,7 +147,9 @@ def test_hostile_values_stay_one_argument_and_one_variable():
     assert environment_line("MODE", 'x" "LD_PRELOAD=/tmp/evil.so') == \
         'Environment="MODE=x\\" \\"LD_PRELOAD=/tmp/evil.so"\n'
     assert command_line(["--x", "a b"]) == '--x "a b"'
-    for bad in ("a\nExecStartPre=/bin/evil", "tab\there", "nul\0"):
+    # C0, DEL, C1 (NEL), zero-width, bidi override, line separator: the same set the schema refuses
+    for bad in ("a\nExecStartPre=/bin/evil", "tab\there", "nul\0", "del\x7f", "nel\x85", "zw\u200bsp",
+                "bidi\u202e", "ls\u2028"):
         with pytest.raises(UnitValueError):
             unit_word(bad)
 

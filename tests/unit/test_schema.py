@@ -210,3 +210,22 @@ def test_image_env_launch_keeps_its_contract():
     with pytest.raises(InventoryValidationError) as err:
         validate_hosts(node_a(served_model_name="other", service_env={**PROFILE_A["service_env"], "SERVED_MODEL_NAME": "grandpa"}))
     assert "SERVED_MODEL_NAME equal to served_model_name (other)" in str(err.value)
+
+
+def test_control_node_files_are_checked_once_the_keys_parse_and_all_at_once(tmp_path):
+    """Building a NodeConfig reads no file (deploys, audits and tests construct them freely); validating a
+    host checks every control-node file it names and lists every problem, not only the first."""
+    from deploys.schema import NodeConfig
+
+    missing = {"model_manifest": str(tmp_path / "m.json"), "model_hub_token_file": str(tmp_path / "token"),
+               "registry_auth_file": str(tmp_path / "auth.json")}
+    data = node_a(**missing)["node-a"]
+    cfg = NodeConfig.model_validate({k: v for k, v in data.items() if not k.startswith(("_", "ssh_"))})
+    assert cfg.model_manifest == missing["model_manifest"]
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(**missing))
+    assert {(p.key, p.expected.split(" (")[0]) for p in err.value.problems} == {
+        ("model_manifest", "a valid manifest"),
+        ("model_hub_token_file", "an existing file on the control node"),
+        ("registry_auth_file", "an existing file on the control node"),
+    }
