@@ -45,13 +45,18 @@ _A_ENV = {**runpy.run_path(_A_PROFILE)["service_env"],
           "MAX_MODEL_LEN": "2048", "MAX_NUM_BATCHED_TOKENS": "2048"}
 _CPU_VLLM_ARGS = ["--max-model-len", "2048", "--max-num-seqs", "2", "--enable-auto-tool-choice",
                   "--tool-call-parser", "hermes", "--structured-outputs-config.backend", "xgrammar",
-                  "--structured-outputs-config.disable_any_whitespace", "true"]
+                  "--structured-outputs-config.disable_any_whitespace", "true", "--enable-prompt-tokens-details"]
+# B's long-context retrieval gate at what the 2048-token model fits: 1,536 filler words (~1,600 prompt tokens),
+# the length tests/sandbox/tiny_model.py checks its copy circuit at (NEEDLE_CHECK_TOKENS)
+_B_LONG_CONTEXT = 1536
 
 rtx_pro_6000_pair = [_node("sandbox-a", 2201, api_port=8101, model_peer_port=8731, service_env=_A_ENV, **_manifest(_A))]
 
 gb10_dspark = [
     _node("sandbox-b0", 2202, node_rank=0, fabric_address="127.0.1.10", api_port=8102, model_peer_port=8732,
-          vllm_args=_CPU_VLLM_ARGS, vllm_speculative_config=None, **_manifest(_B)),
+          vllm_args=_CPU_VLLM_ARGS, vllm_speculative_config=None, gate_long_context_tokens=_B_LONG_CONTEXT,
+          **_manifest(_B)),
     _node("sandbox-b1", 2203, node_rank=1, fabric_address="127.0.1.11", api_port=8103, model_peer_port=8733,
-          vllm_args=_CPU_VLLM_ARGS, vllm_speculative_config=None, **_manifest(_B)),
+          vllm_args=_CPU_VLLM_ARGS, vllm_speculative_config=None, gate_long_context_tokens=_B_LONG_CONTEXT,
+          **_manifest(_B)),
 ]

@@ -51,7 +51,11 @@ vllm_args = [
     "--max-num-batched-tokens", "4096",
     "--gpu-memory-utilization", "0.75",  # do not raise to 0.80 / 8192 tokens without a new pressure test
     "--block-size", "256",
+    "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens, for the long-context gate
 ]
+# Seed 004's "exact uncached retrieval: 159,979 prompt tokens, ... cached tokens 0", run as a 160,000-token gate
+# (files/serving_gate/needle.py; `pytest tests/audit -m long_context`).
+gate_long_context_tokens = 160000
 
 fabric_env = {
     "UCX_MEM_MMAP_HOOK_MODE": "none",

@@ -221,16 +221,19 @@ registry() {
 # vLLM image's own python (torch, transformers), so the served model is loadable by exactly that vLLM.
 tiny_models() {
   local here; here=$(cd "$(dirname "$0")" && pwd)
-  local key; key=$(cat "$here/tiny_model.py" "$here/../../files/serving_gate/serving_gate.py" | sha256sum | cut -c1-12)
+  local gate=$here/../../files/serving_gate
+  local key; key=$(cat "$here/tiny_model.py" "$gate/serving_gate.py" "$gate/needle.py" | sha256sum | cut -c1-12)
   TINY_MODELS=$VLLM_CACHE/tiny-models-$VLLM_BASE_KEY-$key
   [ -f "$TINY_MODELS/.done" ] && return
   local t0=$SECONDS d=$TINY_MODELS.tmp
   rm -rf "$d"; mkdir -p "$d"
-  log "generating the known-answer tiny model and its scrambled twin (~1 min): $TINY_MODELS"
+  log "generating the known-answer tiny model and its scrambled twin (~2 min): $TINY_MODELS"
   vllm_nspawn "$VLLM_ROOTFS" --bind="$d:/out" --bind-ro="$here/tiny_model.py:/run/tiny_model.py" \
-    --bind-ro="$here/../../files/serving_gate/serving_gate.py:/run/serving_gate.py" \
+    --bind-ro="$gate/serving_gate.py:/run/serving_gate.py" --bind-ro="$gate/needle.py:/run/needle.py" \
     --setenv=PYTHONDONTWRITEBYTECODE=1 --setenv=HF_HUB_OFFLINE=1 /bin/sh -euc '
-      for v in good scrambled; do /opt/vllm/bin/python /run/tiny_model.py /out/$v --variant $v --gate /run/serving_gate.py; done'
+      for v in good scrambled; do
+        /opt/vllm/bin/python /run/tiny_model.py /out/$v --variant $v --gate /run/serving_gate.py --needle /run/needle.py
+      done'
   touch "$d/.done"; mv "$d" "$TINY_MODELS"
   log "tiny models generated in $((SECONDS - t0)) s"
 }

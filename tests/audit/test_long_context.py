@@ -1,0 +1,51 @@
+"""Long-context exact retrieval against each cluster's head (seed 004's gate): a prompt of at least
+`gate_long_context_tokens` tokens hides a fresh key that the answer must return exactly, none of it served
+from the prefix cache (files/serving_gate/needle.py). Skipped where the profile leaves the key unset.
+
+Runs on the node (the API stays on loopback): `pytest tests/audit -m long_context`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+import pytest
+
+from deploys.inference_service import served_model_name
+
+GATE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "files", "serving_gate")
+READY_TIMEOUT_S = int(os.environ.get("SERVING_READY_TIMEOUT_S", "900"))
+
+pytestmark = pytest.mark.long_context
+
+
+def needle_script(url: str, model: str, tokens: int, *extra: str) -> str:
+    """A shell script for the node: needle.py and the serving gate it imports into a private temporary
+    directory, wait for /health, then one retrieval request against the head's API."""
+    files = []
+    for name in ("serving_gate.py", "needle.py"):
+        with open(os.path.join(GATE_DIR, name)) as f:
+            files.append(f"cat > \"$d/{name}\" <<'GATE_EOF'\n{f.read()}\nGATE_EOF\n")
+    wait = (f"python3 -c \"import time, urllib.request as u\nfor _ in range({READY_TIMEOUT_S}):\n try:\n"
+            f"  u.urlopen('{url}/health', timeout=5); break\n except Exception: time.sleep(1)\" 2>/dev/null\n")
+    run = f"python3 \"$d/needle.py\" {shlex.quote(url)} {shlex.quote(model)} {int(tokens)} {shlex.join(extra)}\n"
+    script = "d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT\n" + "".join(files) + wait + run
+    return f"sh <<'NEEDLE_SH'\n{script}NEEDLE_SH"
+
+
+def verdict_of(stdout: str) -> dict | None:
+    verdicts = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return verdicts[-1] if verdicts else None
+
+
+def test_long_context_retrieval(node, head_only):
+    tokens = node.cfg.gate_long_context_tokens
+    if tokens is None:
+        pytest.skip(f"{node.name}: gate_long_context_tokens is unset")
+    url = f"http://{node.cfg.api_bind_address}:{node.cfg.api_port}"
+    result = node.host.run(needle_script(url, served_model_name(node.cfg), tokens))
+    verdict = verdict_of(result.stdout)
+    assert verdict and verdict["ok"], f"{node.name}: long_context: " + (
+        verdict["detail"] if verdict else result.stderr.strip()[-2000:])
