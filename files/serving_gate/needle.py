@@ -10,8 +10,8 @@ first block, is shared with any earlier request and the prefix cache has nothing
 message of TOKENS filler words with `KEY=<key>.` at a random position, then the question. Each filler word
 is one common lowercase word, at least one token in any tokenizer, so the prompt has at least TOKENS tokens;
 the gate checks that from `usage.prompt_tokens` (the server's own count), never from its own estimate.
-The key is KEY_LENGTH distinct letters of KEY_ALPHABET, none of which occurs in the filler, the marker or
-the question. Exit status 0 only when the answer contains the key, prompt_tokens >= TOKENS and nothing came
+The key is KEY_LENGTH distinct letters of KEY_ALPHABET, none of which occurs anywhere else in the prompt
+(filler and nonce are lower case, the marker and the fixed sentences use other capitals). Exit status 0 only when the answer contains the key, prompt_tokens >= TOKENS and nothing came
 from the prefix cache: `usage.prompt_tokens_details.cached_tokens` is 0 where the server reports it (vLLM
 does only with --enable-prompt-tokens-details, and then leaves it out when it is 0), and vLLM's own
 prefix-cache hit counter (/metrics) did not move during the request; a server that shows neither fails.
@@ -33,7 +33,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serving_gate import metric_samples  # noqa: E402 - the gate's /metrics reader, beside this file
 
-KEY_ALPHABET = "BCDFGJNPQRSVWXZ"  # upper case: the filler and the question are lower case
+KEY_ALPHABET = "BCDFGJNPQSVXZ"  # capitals that no other word of the prompt contains (filler is lower case)
 KEY_LENGTH = 6
 MARKER = "KEY="
 QUESTION = "What is the value of KEY? Reply with the value only."

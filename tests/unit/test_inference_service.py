@@ -94,7 +94,7 @@ def test_two_node_units_carry_the_whole_launch_contract():
                                                          "--master-port", "29500", "--headless"]
     assert "--host" not in argv(worker) and "--port" not in argv(worker), "workers serve no API"
     assert "--headless" not in argv(head)
-    assert argv(head)[-14:-12] == ["--kv-cache-dtype", "nvfp4_ds_mla"]  # the profile's flags follow the derived ones
+    assert argv(head)[-15:-13] == ["--kv-cache-dtype", "nvfp4_ds_mla"]  # the profile's flags follow the derived ones
     for unit in (head, worker):  # vLLM reads none of these; its own flags carry rank and head
         assert not {"NODE_RANK", "NNODES", "MASTER_ADDR", "HEADLESS", "MODEL_PATH"} & set(env(unit))
     assert env(worker)["VLLM_HOST_IP"] == "198.51.100.21" and env(head)["VLLM_HOST_IP"] == "198.51.100.20"
