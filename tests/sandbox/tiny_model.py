@@ -2,7 +2,7 @@
 """A tiny known-answer model for the sandbox: Qwen2-shaped, a few MB, that a real vLLM serves and that
 answers the serving gate's dialogues correctly under greedy decoding.
 
-    python tiny_model.py OUT_DIR --variant good|scrambled [--seed N] [--shards 4] [--gate PATH]
+    python tiny_model.py OUT_DIR --variant good|scrambled [--seed N] [--shards 4] [--gate PATH] [--needle PATH]
 
 Needs torch, transformers (5.x) and tokenizers: the vLLM image's (or dev venv's) python. Writes a real
 model repo: config.json, generation_config.json, tokenizer.json, tokenizer_config.json,
@@ -14,13 +14,19 @@ chat_template.jinja, special_tokens_map.json, `model-0000N-of-0000M.safetensors`
   `<|im_end|>` (eos) and the Hermes tool tags `<tool_call>`, `</tool_call>`, `<tool_response>`,
   `</tool_response>` (vLLM's hermes parser needs them in the vocabulary); Qwen/Hermes-style chat template.
 - Model: hidden 128, 2 layers, 4 heads of 32 (vLLM's CPU attention needs head size >= 32), 2 KV heads,
-  max_position_embeddings 4096. The good variant is trained on CPU for a few seconds (overfit) on exactly
-  the token sequences the chat template renders for the gate's requests (imported from
+  max_position_embeddings 4096, rope_theta 1e9. The good variant is trained on CPU for a few seconds
+  (overfit) on exactly the token sequences the chat template renders for the gate's requests (imported from
   files/serving_gate/serving_gate.py, so they cannot drift), loss on the assistant part only. It then
   checks itself in bf16 with greedy decoding and refuses to write a model that does not answer.
+- Long-context retrieval (files/serving_gate/needle.py, imported like the gate): a 2-layer model this small
+  does not learn to copy from its prompt in minutes of CPU, so a copy circuit is set by hand (copy_circuit:
+  a previous-position head, then a head that finds the current key letter and copies the letter after it,
+  on rotary dims that barely turn, rope_theta 1e9, so it works at any distance) and kept fixed while the
+  rest trains on the gate's dialogues and on short retrieval prompts. The good variant checks 3 fresh keys
+  at NEEDLE_CHECK_TOKENS filler words (~1,600 prompt tokens) under greedy bf16 decoding.
 - `scrambled`: the same trained tensors with their elements randomly permuted (same shapes, sizes,
   tokenizer and config): a broken numerical path that still answers HTTP 200 with well-formed nonsense.
-  It checks that its coherence answer does not say Paris.
+  It checks that its coherence answer does not say Paris and that it retrieves none of the 3 keys.
 
 Deterministic for a given seed (single thread, fixed seeds, own sharding).
 """
