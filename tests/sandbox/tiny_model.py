@@ -26,7 +26,7 @@ chat_template.jinja, special_tokens_map.json, `model-0000N-of-0000M.safetensors`
   at NEEDLE_CHECK_TOKENS filler words (~1,600 prompt tokens) under greedy bf16 decoding.
 - `scrambled`: the same trained tensors with their elements randomly permuted (same shapes, sizes,
   tokenizer and config): a broken numerical path that still answers HTTP 200 with well-formed nonsense.
-  It checks that its coherence answer does not say Paris and that it retrieves none of the 3 keys.
+  It checks that its coherence answer does not say Paris and that it does not retrieve a fresh key.
 
 Deterministic for a given seed (single thread, fixed seeds, own sharding).
 """
@@ -443,8 +443,8 @@ def build(out: Path, variant: str, seed: int = 0, shards: int = 4, gate_path: Pa
             bf = model.to(torch.bfloat16).eval()
             name, p, a = data[0]
             said = tokenizer.decode(greedy(bf, p, 48, eos))
-            wrong = retrieves(model, tokenizer, needle, random.Random(seed + 1000), NEEDLE_CHECK_TOKENS, eos, 3)
-            if "Paris" not in said and len(wrong) == 3:
+            wrong = retrieves(model, tokenizer, needle, random.Random(seed + 1000), NEEDLE_CHECK_TOKENS, eos, 1)
+            if "Paris" not in said and wrong:
                 state = scrambled
                 log(f"scrambled: coherence says {said[:60]!r}; retrieval says {wrong[0][:60]}")
                 break
