@@ -308,10 +308,7 @@ def hash_file(path: str, kind: str, size: int, limit: RateLimit | None = None, d
         actual = os.fstat(fd).st_size
         cached = actual > 0 and is_cached(fd, actual)
         if cached:  # in place: no copy (a file truncated meanwhile ends the process with SIGBUS: fails closed)
-            # MAP_POPULATE maps every cached page in one call instead of a fault per 64 KiB; not under a
-            # rate cap, since it would also read in (uncapped) whatever part of the file is not cached
-            populate = 0 if limit else getattr(mmap, "MAP_POPULATE", 0)
-            with mmap.mmap(fd, actual, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ) as mapped:
+            with mmap.mmap(fd, actual, prot=mmap.PROT_READ) as mapped:
                 mapped.madvise(mmap.MADV_SEQUENTIAL)
                 with memoryview(mapped) as view:
                     for off in range(0, actual, MAP_WINDOW):
