@@ -160,7 +160,7 @@ def main() -> int:
             if name in serial and round_ > 0:
                 continue
             warm_best[name] = max(warm_best[name], rate(fn, cold=False))
-    for round_ in range(2 if can_drop else 0):
+    for round_ in range(3 if can_drop else 0):
         for name, fn in measurements.items():
             if name in serial and round_ > 0:
                 continue

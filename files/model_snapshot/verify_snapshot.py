@@ -14,8 +14,9 @@ from the stamp in well under a second unless --full is given. A full run also wr
 time, problems): what the scheduled deep verify and the audit read.
 
 Speed: a file already in the page cache is hashed in place through mmap (no copy out of the cache, which
-costs ~15 % of a core at SHA-NI speed); a cold one is streamed with read() in 4 MiB chunks (there the IO,
-not the copy, is the limit). One thread per core; hashlib releases the GIL. bench/verify.py measures it.
+costs ~15 % of a core at SHA-NI speed); a cold one is streamed with read() in 1 MiB chunks by a reader
+thread a few chunks ahead of the hashing (there the IO, not the copy, is the limit; O_DIRECT was slower on
+virtio disks). One thread per core; hashlib releases the GIL. bench/verify.py measures it.
 
 --gate never hashes: it passes only when the stamp matches this manifest and every file's
 size/mtime/inode (the service's start precondition), and names the files that differ.
@@ -35,6 +36,7 @@ import hashlib
 import json
 import mmap
 import os
+import queue
 import re
 import stat
 import subprocess
@@ -43,7 +45,8 @@ import tempfile
 import threading
 import time
 
-READ_CHUNK = 4 * 1024 * 1024  # cold files: large requests keep the device busy (the copy is not the limit there)
+READ_CHUNK = 1024 * 1024  # cold files: the kernel's readahead sizes the requests; small buffers stay in L2
+READ_BUFFERS = 3  # cold files: one chunk being hashed while the reader thread fills the next
 MAP_WINDOW = 8 * 1024 * 1024  # cached files: hashed in place, this much per update (progress, rate cap)
 STAMP_NAME = ".inference-nodes-verified.json"
 IGNORED_DIRS = {".cache"}  # huggingface_hub's local_dir metadata (at the top of the snapshot only)
@@ -255,6 +258,47 @@ def is_cached(fd: int, size: int) -> bool:
         return False
 
 
+def _hash_stream(fd: int, h, limit: RateLimit | None) -> None:
+    """Hash ``fd`` from its offset to EOF through READ_BUFFERS buffers that a reader thread fills ahead of
+    this one: the device always has a request outstanding, and the kernel's copy out of the page cache runs
+    beside the hashing rather than between two of its chunks (both release the GIL). An error in the
+    reader is raised here."""
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    full: queue.SimpleQueue = queue.SimpleQueue()
+    for _ in range(READ_BUFFERS):
+        free.put(bytearray(READ_CHUNK))
+    stop = threading.Event()
+
+    def reader() -> None:
+        try:
+            while (buf := free.get()) is not None and not stop.is_set():
+                n = os.readv(fd, [buf])
+                full.put((buf, n))
+                if not n:
+                    return
+        except BaseException as e:  # handed to the hashing thread
+            full.put((None, e))
+
+    thread = threading.Thread(target=reader, name="verify-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            buf, n = full.get()
+            if buf is None:
+                raise n
+            if not n:
+                return
+            with memoryview(buf) as view, view[:n] as data:
+                h.update(data)
+            if limit:
+                limit.take(n)
+            free.put(buf)
+    finally:
+        stop.set()
+        free.put(None)  # wakes a reader waiting for a buffer
+        thread.join()
+
+
 def hash_file(path: str, kind: str, size: int, limit: RateLimit | None = None, drop_cold: bool = False) -> str:
     h = hashlib.sha256() if kind == "sha256" else hashlib.sha1()
     if kind == "git_sha1":
@@ -274,12 +318,7 @@ def hash_file(path: str, kind: str, size: int, limit: RateLimit | None = None, d
                                 limit.take(len(window))
         else:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            buf = bytearray(READ_CHUNK)
-            view = memoryview(buf)
-            while n := f.readinto(buf):
-                h.update(view[:n])
-                if limit:
-                    limit.take(n)
+            _hash_stream(fd, h, limit)
             if drop_cold:  # a scheduled verify must not push the node's working set out of the cache
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     return h.hexdigest()

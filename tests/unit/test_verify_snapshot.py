@@ -1,7 +1,8 @@
 """The node-side verifier on a real huggingface_hub download from the stand-in hub: corrupt, truncated,
 missing, extra and unindexed files are named; the stamp fast path; the start gate names what changed; a
 same-size flip with size, mtime and inode kept passes the stamp and is found by a full re-hash, whose
-verdict is recorded; both hashing paths (in place, streamed) agree; the rate cap holds; a nested repo's
+verdict is recorded; both hashing paths (in place, streamed) agree, the streamed one at every tail
+and when a read or the hashing fails; the rate cap holds; a nested repo's
 relative links into ../../../blobs/ pass, and a file the manifest does not list closes the gate.
 (Hostile manifests and links: tests/unit/test_manifest_paths.py.)"""
 
@@ -15,6 +16,7 @@ import sys
 import pytest
 
 import hashlib
+import threading
 import time
 
 from files.model_snapshot import verify_snapshot
@@ -197,6 +199,65 @@ def test_both_hashing_paths_give_the_file_digest(tmp_path, monkeypatch, cached):
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
     assert hash_file(str(empty), "sha256", 0) == hashlib.sha256(b"").hexdigest()
+
+
+@pytest.mark.parametrize("size", [1, 4095, 4096, 4097, 3 * 4096, 10 * 4096 + 7])
+def test_streamed_read_hashes_every_tail_and_reuses_its_buffers(tmp_path, monkeypatch, size):
+    """A cold file goes through the reader thread's ring of buffers: more chunks than buffers, and a last chunk
+    that is short, full or a single byte, all give the file's digest."""
+    monkeypatch.setattr(verify_snapshot, "is_cached", lambda fd, size: False)
+    monkeypatch.setattr(verify_snapshot, "READ_CHUNK", 4096)
+    monkeypatch.setattr(verify_snapshot, "READ_BUFFERS", 2)
+    data = os.urandom(size)
+    path = tmp_path / "shard"
+    path.write_bytes(data)
+    assert hash_file(str(path), "sha256", size) == hashlib.sha256(data).hexdigest()
+    assert hash_file(str(path), "git_sha1", size) == hashlib.sha1(b"blob %d\0" % size + data).hexdigest()
+
+
+def test_a_read_error_in_the_reader_thread_fails_the_file_and_stops_the_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(verify_snapshot, "is_cached", lambda fd, size: False)
+    monkeypatch.setattr(verify_snapshot, "READ_CHUNK", 4096)
+    (tmp_path / "snap").mkdir()
+    path = tmp_path / "snap" / "shard"
+    path.write_bytes(os.urandom(20 * 4096))
+    real_readv, calls = os.readv, []
+
+    def failing_readv(fd, buffers):
+        calls.append(fd)
+        if len(calls) == 3:
+            raise OSError(5, "Input/output error")
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr(os, "readv", failing_readv)
+    with pytest.raises(OSError, match="Input/output error"):
+        hash_file(str(path), "sha256", 20 * 4096)
+    assert len(calls) == 3  # nothing read after the error
+    assert not [t for t in threading.enumerate() if t.name == "verify-read"]
+    # through verify(): the file is named as unreadable, not passed
+    manifest = {"repo": "o/m", "commit": "0" * 40,
+                "files": [{"path": "shard", "size": 20 * 4096, "sha256": "0" * 64}]}
+    (tmp_path / "m.json").write_text(json.dumps(manifest))
+    calls.clear()
+    result = verify(str(tmp_path / "m.json"), str(tmp_path / "snap"), str(tmp_path / "stamp"), full=True)
+    assert not result["ok"] and result["problems"] == [
+        "HASH shard: unreadable (Input/output error), manifest says " + "0" * 64]
+
+
+def test_a_failing_hash_step_stops_the_reader_thread(tmp_path, monkeypatch):
+    """The rate cap (or anything in the hashing thread) raising ends the read too: no thread is left reading."""
+    monkeypatch.setattr(verify_snapshot, "is_cached", lambda fd, size: False)
+    monkeypatch.setattr(verify_snapshot, "READ_CHUNK", 4096)
+    path = tmp_path / "shard"
+    path.write_bytes(os.urandom(50 * 4096))
+
+    class Boom(RateLimit):
+        def take(self, n):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        hash_file(str(path), "sha256", 50 * 4096, Boom(1))
+    assert not [t for t in threading.enumerate() if t.name == "verify-read"]
 
 
 def test_rate_cap_spreads_the_reads(tmp_path):
