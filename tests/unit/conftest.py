@@ -1,0 +1,5 @@
+"""pyinfra's CLI package monkey-patches the standard library with gevent when first imported (as the real
+CLI does at start-up). Import it before any test starts threads (the verifier's readers, local HTTP
+servers), or a later first import patches locks that threads already hold."""
+
+import pyinfra_cli  # noqa: F401
