@@ -13,7 +13,7 @@ Paris; token counts from usage.completion_tokens (never from stream chunks); vLL
 rising across a request, and its running-requests and KV-cache gauges present. Exit status 0 only when
 every check passed.
 
-Seed 004's qualification gates, selected per profile (deploys/schema.py GateKeys; deploys/serving_gate.py
+Seed 004's qualification gates, selected per profile (deploys/schema/gate.py GateKeys; deploys/serving_gate.py
 turns them into these options): `--concurrency K` sends K identical greedy requests at once, each bounded to
 exactly N tokens (`max_tokens` + `ignore_eos`), samples /metrics while they run and wants
 `vllm:num_requests_running` = K with `vllm:num_requests_waiting` = 0, every reply `finish_reason` "length"
