@@ -25,9 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from deploys.serving_gate import wait_ready  # noqa: E402
+
 NODE_SH = os.path.join(ROOT, "tests/sandbox/node.sh")
 COUNTED = os.path.join(ROOT, "bench/pyinfra_counted.py")
 SANDBOX_DIR = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
@@ -76,16 +79,10 @@ def converge(inventory: str) -> tuple[float, int, int, int, int]:
 
 
 def healthy(port: int, timeout: float = 900) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(2)
-    raise SystemExit(f"the service on port {port} did not answer /health in {timeout} s")
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", timeout)
+    except TimeoutError as e:
+        raise SystemExit(str(e)) from None
 
 
 def bench(n: int, tmp: str) -> dict:

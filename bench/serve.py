@@ -18,16 +18,15 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from deploys.inference_service import served_model_name  # noqa: E402
 from deploys.inventory import inventory_configs, load_inventory  # noqa: E402
+from deploys.serving_gate import GATE, wait_ready  # noqa: E402
 
 NODE_SH = os.path.join(ROOT, "tests/sandbox/node.sh")
-GATE = os.path.join(ROOT, "files/serving_gate/serving_gate.py")
 PROFILES = {"one": ["sandbox-a"], "two": ["sandbox-b1", "sandbox-b0"]}  # workers first
 
 
@@ -36,14 +35,6 @@ def on_node(name: str, command: str) -> str:
     if proc.returncode != 0:
         raise SystemExit(f"{name}: {command}: {proc.stderr.strip()}")
     return proc.stdout
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def measure(nodes: list[str], configs, first: bool) -> tuple[float, float, str]:
@@ -58,10 +49,10 @@ def measure(nodes: list[str], configs, first: bool) -> tuple[float, float, str]:
     t0 = time.monotonic()
     for name in nodes:
         on_node(name, f"systemctl start {configs[name].container_name}.service")
-    while not healthy(head.api_port):
-        if time.monotonic() - t0 > 1800:
-            raise SystemExit(f"{nodes[-1]}: {service} not healthy after 1800 s")
-        time.sleep(1)
+    try:
+        wait_ready(f"http://127.0.0.1:{head.api_port}", 1800, interval=1)
+    except TimeoutError as e:
+        raise SystemExit(f"{nodes[-1]}: {service}: {e}") from None
     ready = time.monotonic() - t0
     gate = subprocess.run([sys.executable, GATE, f"http://127.0.0.1:{head.api_port}", served_model_name(head)],
                           capture_output=True, text=True, timeout=600)

@@ -8,7 +8,7 @@ Keys are flat, component-prefixed pyinfra data keys (the pyinfra / Ansible-role 
 - ``base``: building blocks of every key (``_key``, ``AbsPath``, ``EnvMap``, patterns, secret names).
 - one module per component, each holding its ``*Keys`` class and that component's own rules: ``cluster``,
   ``model``, ``image``, ``container`` (the container and the service it runs), ``host_tuning``,
-  ``nvidia_driver``, ``container_runtime``, ``package_manager``. **A new key goes into its component's module**; then
+  ``nvidia_driver``, ``container_runtime``, ``package_manager``, ``gate`` (the serving gate's qualification checks). **A new key goes into its component's module**; then
   regenerate the README table (``python -m deploys.schema --update-readme README.md``).
 - ``node``: :class:`NodeConfig` (the union of the components), rules between components, derived values.
 - ``problems``: :class:`Problem`, pydantic's errors as sentences, secrets never shown.
@@ -41,6 +41,7 @@ from deploys.schema.container import (
 )
 from deploys.schema.container_runtime import ContainerRuntimeKeys, Registry, RegistryMirror
 from deploys.schema.control_files import control_file_problems
+from deploys.schema.gate import GateKeys
 from deploys.schema.cross_host import (
     Cluster,
     cluster_head,
@@ -66,7 +67,7 @@ __all__ = [
     "COMPONENT_KEYS", "DERIVED_VLLM_FLAGS", "DIGEST", "HEX40", "HIDDEN", "PYINFRA_KEYS", "README_END", "README_START",
     "RESERVED_UNIT_NAMES", "RESERVED_UNIT_PREFIXES", "SECRET_FILE_KEYS", "SECRET_NAME", "SECRET_VLLM_FLAGS",
     "SYSTEM_DIRS", "AbsPath", "Cluster", "ClusterKeys", "ComponentKeys", "ContainerKeys", "ContainerRuntimeKeys",
-    "EnvMap", "HostTuningKeys", "ImageKeys", "InventoryValidationError", "KeyRuleError", "ModelKeys", "NodeConfig",
+    "EnvMap", "GateKeys", "HostTuningKeys", "ImageKeys", "InventoryValidationError", "KeyRuleError", "ModelKeys", "NodeConfig",
     "NvidiaDriverKeys", "PackageManagerKeys", "Problem", "Registry", "RegistryMirror", "cluster_head", "cluster_of", "cluster_problems",
     "clusters", "control_file_problems", "defaults_of", "derived_vllm_flag", "group_problems", "looks_secret",
     "machine_problems", "markdown_table", "parse_node", "readme_with_table", "schema_data", "shown_value",

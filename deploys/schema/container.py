@@ -119,11 +119,6 @@ class ContainerKeys(ComponentKeys):
         120, description="multi-node workers: seconds after start before a head that does not answer on "
         "`vllm_master_port` gets the worker killed and restarted (`HealthStartPeriod=`)", ge=10, le=86400,
     )
-    gate_long_context_tokens: int | None = _key(
-        None, description="serving gate: long-context exact retrieval with a prompt of at least this many tokens, "
-        "uncached (files/serving_gate/needle.py; the server needs `--enable-prompt-tokens-details`); unset = not run",
-        ge=64, le=16_777_216,
-    )
 
     @model_validator(mode="after")
     def _launch_rules(self) -> ContainerKeys:

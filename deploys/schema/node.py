@@ -16,6 +16,7 @@ from deploys.schema.base import SYSTEM_DIRS, ComponentKeys, is_loopback_host
 from deploys.schema.cluster import ClusterKeys
 from deploys.schema.container import ContainerKeys
 from deploys.schema.container_runtime import ContainerRuntimeKeys
+from deploys.schema.gate import GateKeys
 from deploys.schema.host_tuning import HostTuningKeys
 from deploys.schema.image import ImageKeys
 from deploys.schema.model import ModelKeys
@@ -26,7 +27,7 @@ from files.model_snapshot.verify_snapshot import inside
 
 
 class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKeys, NvidiaDriverKeys,
-                 ContainerRuntimeKeys, PackageManagerKeys):
+                 ContainerRuntimeKeys, PackageManagerKeys, GateKeys):
     """Every key for one node, validated. Derived values are properties."""
 
     @model_validator(mode="after")
@@ -141,6 +142,7 @@ COMPONENT_KEYS: dict[str, type[ComponentKeys]] = {
     "nvidia_driver": NvidiaDriverKeys,
     "container_runtime": ContainerRuntimeKeys,
     "package_manager": PackageManagerKeys,
+    "serving_gate": GateKeys,
 }
 
 

@@ -2,7 +2,9 @@
 """The serving gate: is a running OpenAI-compatible server answering *correctly*, not just with HTTP 200?
 Stdlib only; runs on the node (the API stays on loopback) or anywhere that can reach the URL.
 
-    serving_gate.py BASE_URL MODEL_NAME      -> one JSON object per line: {"check", "ok", "detail"}
+    serving_gate.py BASE_URL MODEL_NAME [--wait S] [--concurrency K --concurrency-tokens N
+                    [--min-aggregate-tok-s R]]   -> one JSON object per line: {"check", "ok", "detail"}
+    serving_gate.py BASE_URL MODEL_NAME --wait S --ready-only    -> only the readiness wait
 
 Checks: /health; /v1/models lists MODEL_NAME; coherence at temperature 0 ("capital of France" must say
 Paris); a named tool call (get_weather, arguments exactly {"city": "Paris"}) and its tool-result
@@ -11,6 +13,15 @@ Paris; token counts from usage.completion_tokens (never from stream chunks); vLL
 rising across a request, and its running-requests and KV-cache gauges present. Exit status 0 only when
 every check passed.
 
+Seed 004's qualification gates, selected per profile (deploys/schema/gate.py GateKeys; deploys/serving_gate.py
+turns them into these options): `--concurrency K` sends K identical greedy requests at once, each bounded to
+exactly N tokens (`max_tokens` + `ignore_eos`), samples /metrics while they run and wants
+`vllm:num_requests_running` = K with `vllm:num_requests_waiting` = 0, every reply `finish_reason` "length"
+with `usage.completion_tokens` = N and the same text, and reports the decode rate from usage (and checks
+`vllm:generation_tokens_total` rose by at least as much). `kv_capacity()` parses the startup log's
+`GPU KV cache size` and `Maximum concurrency` lines (the audit reads the journal). `wait_ready()` is the one
+wait for /health that the gate, the audits, the node tests and the benchmarks use.
+
 Every request is greedy and bounded (MAX_TOKENS, $SERVING_GATE_MAX_TOKENS overrides), and every structured
 one has a closed, bounded schema (enum, maxLength, integer bounds, no extra keys): a broken model still
 finishes each request quickly, with HTTP 200 and nonsense, and fails on content. The requests are plain
@@ -18,10 +29,13 @@ data here (COHERENCE_MESSAGES, TOOL_MESSAGES, tool_result_messages, JSON_MESSAGE
 sandbox's known-answer model (tests/sandbox/tiny_model.py) is trained on exactly what the gate sends.
 """
 
+import argparse
 import json
 import os
 import re
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -62,6 +76,16 @@ RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "city", "schem
 
 TYPES = {"string": str, "number": (int, float), "integer": int, "object": dict, "array": list, "boolean": bool}
 METRICS = ("vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+WAITING = "vllm:num_requests_waiting"
+
+# The concurrency proof's request (seed 004's "count 1-300, exact bounded output"): its length is fixed by
+# max_tokens + ignore_eos, whatever the model answers.
+CONCURRENCY_MESSAGES = [{"role": "user", "content": "Count from 1 to 300, separated by spaces."}]
+
+# vLLM's startup log (v1/core/kv_cache_utils.py): "GPU KV cache size: 285,336 tokens" and "Maximum
+# concurrency for 262,144 tokens per request: 1.09x" (it says GPU on the CPU build too).
+KV_SIZE = re.compile(r"GPU KV cache size: ([0-9][0-9,]*) tokens")
+KV_CONCURRENCY = re.compile(r"Maximum concurrency for ([0-9][0-9,]*) tokens per request: ([0-9]+(?:\.[0-9]+)?)x")
 
 
 def tool_result_messages(call_id, name, arguments):
@@ -83,10 +107,138 @@ def call(base, path, body=None, timeout=120):
         return r.status, raw
 
 
-def chat(base, model, messages, **extra):
+def chat(base, model, messages, timeout=120, **extra):
     status, raw = call(base, "/v1/chat/completions", {"model": model, "messages": messages, "temperature": 0,
-                                                       "max_tokens": MAX_TOKENS, **extra})
+                                                       "max_tokens": MAX_TOKENS, **extra}, timeout=timeout)
     return json.loads(raw)
+
+
+def wait_ready(base, timeout, interval=2.0):
+    """Seconds until BASE/health answers 200 (a real vLLM loads and compiles first); TimeoutError naming the
+    URL and the last answer after ``timeout`` seconds."""
+    t0 = time.monotonic()
+    last = "no answer"
+    while True:
+        try:
+            status, _ = call(base, "/health", timeout=5)
+            if status == 200:
+                return time.monotonic() - t0
+            last = f"HTTP {status}"
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            last = f"{type(e).__name__}: {e}"
+        if time.monotonic() - t0 >= timeout:
+            raise TimeoutError(f"{base.rstrip('/')}/health did not answer 200 in {timeout:g} s (last: {last})")
+        time.sleep(interval)
+
+
+def kv_capacity(log):
+    """The last `GPU KV cache size` and `Maximum concurrency` figures in a startup log:
+    {"tokens": N, "request_tokens": M, "concurrency": X}, a missing line's values None."""
+    sizes, concurrency = KV_SIZE.findall(log), KV_CONCURRENCY.findall(log)
+    return {"tokens": int(sizes[-1].replace(",", "")) if sizes else None,
+            "request_tokens": int(concurrency[-1][0].replace(",", "")) if concurrency else None,
+            "concurrency": float(concurrency[-1][1]) if concurrency else None}
+
+
+def kv_capacity_problems(figures, min_tokens=None, min_concurrency=None):
+    """What is wrong with the startup log's KV figures against the profile's minimums (empty: nothing)."""
+    problems = []
+    if min_tokens is not None:
+        if figures["tokens"] is None:
+            problems.append("the startup log has no 'GPU KV cache size: N tokens' line (gate_kv_cache_min_tokens "
+                            f"{min_tokens:,} cannot be checked)")
+        elif figures["tokens"] < min_tokens:
+            problems.append(f"GPU KV cache size {figures['tokens']:,} tokens is below gate_kv_cache_min_tokens "
+                            f"{min_tokens:,}")
+    if min_concurrency is not None:
+        if figures["concurrency"] is None:
+            problems.append("the startup log has no 'Maximum concurrency for M tokens per request: X' line "
+                            f"(gate_kv_min_concurrency {min_concurrency:g} cannot be checked)")
+        elif figures["concurrency"] < min_concurrency:
+            problems.append(f"maximum concurrency {figures['concurrency']:g}x for {figures['request_tokens']:,} "
+                            f"tokens per request is below gate_kv_min_concurrency {min_concurrency:g}x")
+    return problems
+
+
+def concurrency_verdict(k, tokens, samples, replies, seconds, generated, min_tok_s=0.0):
+    """(ok, detail) of the concurrency proof.
+
+    samples: (running, waiting) gauge pairs read from /metrics while the requests ran; replies: each request's
+    parsed answer, or a string saying why there is none; seconds: each request's wall time (the last one is
+    the whole batch's); generated: how much vllm:generation_tokens_total rose across the batch."""
+    problems = []
+    counts, per_stream, texts = [], [], set()
+    for i, reply in enumerate(replies):
+        if isinstance(reply, str):
+            problems.append(f"request {i + 1}: {reply}")
+            continue
+        n = (reply.get("usage") or {}).get("completion_tokens")
+        choice = reply["choices"][0]
+        if n != tokens or choice.get("finish_reason") != "length":
+            problems.append(f"request {i + 1}: {n} completion tokens (finish_reason {choice.get('finish_reason')}), "
+                            f"want exactly {tokens} (length)")
+        counts.append(n if isinstance(n, int) and not isinstance(n, bool) else 0)
+        if seconds[i] > 0:
+            per_stream.append(counts[-1] / seconds[i])
+        texts.add(choice["message"].get("content") or "")
+    if len(texts) > 1:
+        problems.append(f"the {k} identical greedy requests answered {len(texts)} different texts")
+    busy = [(r, w) for r, w in samples if r > 0 or w > 0]
+    peak = max((r for r, _ in busy), default=0)
+    queued = max((w for _, w in busy), default=0)
+    if not busy:
+        problems.append(f"no /metrics sample of {len(samples)} saw a request running (they ended first: raise "
+                        "gate_concurrency_tokens)")
+    elif peak != k:
+        why = "other requests were running" if peak > k else "not all scheduled together (--max-num-seqs below K?)"
+        problems.append(f"vllm:num_requests_running peaked at {peak:g}, want {k}: {why}")
+    if queued > 0:
+        problems.append(f"vllm:num_requests_waiting reached {queued:g} while they ran (requests queued, not scheduled)")
+    total = sum(counts)
+    if generated < total:
+        problems.append(f"vllm:generation_tokens_total rose by {generated:g}, less than the {total} completion "
+                        "tokens the replies count")
+    wall = seconds[-1] if seconds else 0.0
+    aggregate = total / wall if wall > 0 else 0.0
+    if min_tok_s and aggregate < min_tok_s:
+        problems.append(f"aggregate {aggregate:.2f} tok/s is below gate_min_aggregate_tok_s {min_tok_s:g}")
+    rate = (f"{k} x {tokens} tokens in {wall:.2f} s: aggregate {aggregate:.2f} tok/s, per stream "
+            f"{min(per_stream, default=0):.2f}-{max(per_stream, default=0):.2f} tok/s (usage.completion_tokens); "
+            f"running peak {peak:g}, waiting peak {queued:g} over {len(samples)} samples")
+    return not problems, "; ".join(problems + [rate])
+
+
+def concurrency_proof(base, model, k, tokens, min_tok_s=0.0, poll=0.1):
+    """K simultaneous bounded requests, /metrics sampled while they run (see concurrency_verdict)."""
+    replies, seconds = [None] * k, [0.0] * k
+    timeout = max(120, tokens)  # a slow decode of N tokens still finishes (>= 1 tok/s)
+
+    def one(i):
+        t = time.monotonic()
+        try:
+            replies[i] = chat(base, model, CONCURRENCY_MESSAGES, timeout=timeout, max_tokens=tokens, ignore_eos=True)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            replies[i] = f"{type(e).__name__}: {e}"
+        seconds[i] = time.monotonic() - t
+
+    before = metric_samples(base).get(METRICS[0], 0.0)
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(k)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    samples = []
+    while any(t.is_alive() for t in threads):
+        try:
+            gauges = metric_samples(base)
+            samples.append((gauges.get(METRICS[1], 0.0), gauges.get(WAITING, 0.0)))
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        time.sleep(poll)
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    generated = metric_samples(base).get(METRICS[0], 0.0) - before
+    return concurrency_verdict(k, tokens, samples, replies, seconds + [wall], generated, min_tok_s)
 
 
 def schema_errors(value, schema):
@@ -135,7 +287,7 @@ def metric_samples(base):
     return samples
 
 
-def run_checks(base, model):
+def run_checks(base, model, concurrency=0, concurrency_tokens=256, min_aggregate_tok_s=0.0):
     results = []
 
     def check(name, fn):
@@ -205,15 +357,35 @@ def run_checks(base, model):
             errors = [f"city {value['city']!r} is not Paris"]
         return not errors, "; ".join(errors + [content[:120]]) if errors else content[:120]
 
-    for name, fn in (("health", health), ("models", models), ("coherence", coherence), ("usage", usage),
-                     ("metrics", metrics), ("tool_round_trip", tool_round_trip), ("strict_json", strict_json)):
+    checks = [("health", health), ("models", models), ("coherence", coherence), ("usage", usage),
+              ("metrics", metrics), ("tool_round_trip", tool_round_trip), ("strict_json", strict_json)]
+    if concurrency:
+        checks.append(("concurrency", lambda: concurrency_proof(base, model, concurrency, concurrency_tokens,
+                                                                min_aggregate_tok_s)))
+    for name, fn in checks:
         check(name, fn)
     return results
 
 
 def main(argv):
-    base, model = argv
-    results = run_checks(base, model)
+    parser = argparse.ArgumentParser(description="the serving gate (one JSON object per check on stdout)")
+    parser.add_argument("base")
+    parser.add_argument("model")
+    parser.add_argument("--wait", type=float, default=0, help="first wait up to S seconds for /health")
+    parser.add_argument("--ready-only", action="store_true", help="only the wait (a 'ready' check)")
+    parser.add_argument("--concurrency", type=int, default=0, help="K simultaneous requests (0: no proof)")
+    parser.add_argument("--concurrency-tokens", type=int, default=256, help="exact completion tokens of each")
+    parser.add_argument("--min-aggregate-tok-s", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    results = []
+    if args.wait or args.ready_only:
+        try:
+            results.append({"check": "ready", "ok": True, "detail": f"/health 200 after {wait_ready(args.base, args.wait):.1f} s"})
+        except TimeoutError as e:
+            results.append({"check": "ready", "ok": False, "detail": str(e)})
+    if not args.ready_only and all(r["ok"] for r in results):
+        results += run_checks(args.base, args.model, args.concurrency, args.concurrency_tokens,
+                              args.min_aggregate_tok_s)
     for r in results:
         print(json.dumps(r))
     return 0 if all(r["ok"] for r in results) else 1

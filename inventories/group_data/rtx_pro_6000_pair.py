@@ -61,3 +61,9 @@ kv_offload_gib = 8
 
 # Limits (container Ulimit= and [Service] Limit*=): memlock unlimited, nofile 1048576, stack 64 MiB,
 # TimeoutStartSec=3600, TimeoutStopSec=120, RestartSec=30 are the schema defaults, i.e. the write-up's.
+
+# Qualification gates (deploys/schema/gate.py GateKeys): the KV capacity the write-up's startup log showed,
+# as minimums (seed 000: "GPU KV cache size: 285,336 tokens", "Maximum concurrency for 262,144 tokens per
+# request: 1.09x", the journal lines it quotes). The write-up has no concurrency or restart proof.
+gate_kv_cache_min_tokens = 285336
+gate_kv_min_concurrency = 1.09

@@ -14,7 +14,7 @@ __all__ = [
     "nvidia_module_root", "allow_reboot", "nvidia_toolkit_repo_url", "nvidia_toolkit_key_url",
     "nvidia_toolkit_key_fingerprint", "registries", "registry_auth_file", "image_digest", "model_hub_endpoint",
     "model_control_cache", "roce_sysfs_root", "limits_memlock", "limits_nofile", "fabric_on_one_host",
-    "container_devices",
+    "container_devices", "gate_kv_cache_min_tokens", "gate_kv_min_concurrency", "gate_concurrency_tokens",
 ]
 
 _dir = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
@@ -59,6 +59,14 @@ roce_sysfs_root = "/srv/stand-in-sysfs"
 fabric_on_one_host = True
 # No RDMA hardware: the stand-in fabric is TCP on loopback (the RoCE GID lookup reads the stand-in sysfs).
 container_devices = []
+
+# The qualification gates sized for the tiny model on the CPU vLLM (VLLM_CPU_KVCACHE_SPACE=1 GiB, 2,048-token
+# --max-model-len, --max-num-seqs 2): the CPU build has logged "GPU KV cache size: 2,097,152 tokens" and
+# "Maximum concurrency for 2,048 tokens per request: 1024.00x"; the minimums keep half of that as margin.
+# B's concurrency proof (K=2, gate_restart) is the profile's own; each request is shorter here.
+gate_kv_cache_min_tokens = 1000000
+gate_kv_min_concurrency = 500.0
+gate_concurrency_tokens = 128
 
 # Every profile's registry is mirrored by the local one (pull by digest goes to the mirror).
 registries = [

@@ -4,8 +4,9 @@
     pytest tests/audit --inventory inventories/sandbox.py [--limit GROUP_OR_HOST_GLOB] [-m serving]
     pytest tests/audit --junitxml audit.xml -rf               # JUnit XML; one line per failed promise
     pytest tests/audit --full-verify                          # + re-hash every model file now (slow)
+    pytest tests/audit -m serving --qualify                   # + the qualification gates that restart a service
 
-Audits are read-only: safe to run against production as a drift check. They connect with OpenSSH
+Audits are read-only (`--qualify` aside): safe to run against production as a drift check. They connect with OpenSSH
 (testinfra's ssh:// backend) using an ssh config generated from the inventory's connection data, so host
 key checking follows the inventory (strict in inventories/lab.py).
 """
@@ -32,6 +33,8 @@ def pytest_addoption(parser):
                      help="a group name or a host-name glob, as pyinfra's --limit (repeatable)")
     parser.addoption("--full-verify", action="store_true",
                      help="also re-hash every model file against the manifest on each node (slow; writes nothing)")
+    parser.addoption("--qualify", action="store_true",
+                     help="also run the qualification gates that disturb a service (gate_restart: restarts it)")
 
 
 @dataclass
@@ -82,11 +85,26 @@ def ssh_config(tmp_path_factory, pytestconfig) -> str:
     return str(path)
 
 
+def _testinfra_host(name: str, data: dict, ssh_config: str):
+    if name == "@local":  # e.g. the lent GPU machine (tests/device/inventory.py)
+        return testinfra.get_host("local://", sudo=bool(data.get("_sudo")) and os.geteuid() != 0)
+    return testinfra.get_host(f"ssh://{name}", ssh_config=ssh_config, sudo=bool(data.get("_sudo")))
+
+
 @pytest.fixture(scope="module")
 def node(node_spec, ssh_config) -> Node:
     name, cfg, data = node_spec
-    if name == "@local":  # e.g. the lent GPU machine (tests/device/inventory.py)
-        host = testinfra.get_host("local://", sudo=bool(data.get("_sudo")) and os.geteuid() != 0)
-    else:
-        host = testinfra.get_host(f"ssh://{name}", ssh_config=ssh_config, sudo=bool(data.get("_sudo")))
-    return Node(name, cfg, host)
+    return Node(name, cfg, _testinfra_host(name, data, ssh_config))
+
+
+@pytest.fixture(scope="session")
+def cluster_members(ssh_config, pytestconfig):
+    """node -> every node of its cluster (limits aside), in restart order: workers before the head."""
+    from deploys.serving_gate import restart_order
+
+    specs = {name: (cfg, data) for name, cfg, data in load_nodes(pytestconfig.getoption("inventory"), [])}
+
+    def members(node: Node) -> list[Node]:
+        same = [(n, c) for n, (c, _) in specs.items() if c.cluster_name == node.cfg.cluster_name]
+        return [Node(n, c, _testinfra_host(n, specs[n][1], ssh_config)) for n, c in restart_order(same)]
+    return members

@@ -74,9 +74,9 @@ def wait_serving(nodes: list[str], timeout: float = 900, inventory: str = INVENT
     """Until every node's service is active and every head answers /health (a real vLLM loads and compiles
     first, several at once on this machine's 2 cores)."""
     import time
-    import urllib.request
 
     from deploys.inventory import inventory_configs, load_inventory
+    from deploys.serving_gate import wait_ready
 
     configs = inventory_configs(load_inventory(inventory))
     t0 = time.monotonic()
@@ -85,11 +85,7 @@ def wait_serving(nodes: list[str], timeout: float = 900, inventory: str = INVENT
         on_node(name, f"timeout {int(timeout)} systemctl is-active --wait {cfg.container_name}.service")
         if cfg.node_rank != 0:
             continue
-        while time.monotonic() - t0 < timeout:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{cfg.api_port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(2)
+        try:
+            wait_ready(f"http://127.0.0.1:{cfg.api_port}", max(0.0, timeout - (time.monotonic() - t0)))
+        except TimeoutError:
+            pass  # as before: the caller's own checks say what is not serving

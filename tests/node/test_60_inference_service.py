@@ -17,6 +17,7 @@ import time
 import urllib.request
 from datetime import datetime
 
+from deploys import serving_gate
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra
 from tests.sandbox.standin_hub import BROKEN_COMMIT
 
@@ -39,17 +40,11 @@ def container_id(node: str) -> str:
 
 def wait_ready(node: str, timeout: float = READY_S) -> float:
     """Seconds until the head's /health answers 200."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{PORTS[node]}/health", timeout=5) as r:
-                if r.status == 200:
-                    return time.monotonic() - t0
-        except OSError:
-            pass
-        time.sleep(2)
-    journal = on_node(node, f"journalctl -u {UNITS[node]} --no-pager -n 60").stdout
-    raise AssertionError(f"{node} not ready after {timeout} s:\n{journal}")
+    try:
+        return serving_gate.wait_ready(f"http://127.0.0.1:{PORTS[node]}", timeout)
+    except TimeoutError as e:
+        journal = on_node(node, f"journalctl -u {UNITS[node]} --no-pager -n 60").stdout
+        raise AssertionError(f"{node}: {e}:\n{journal}") from None
 
 
 def models(node: str) -> list[str]:
@@ -83,8 +78,48 @@ def test_two_nodes_form_one_tensor_parallel_job_and_a_serves_tp2(sandbox):
 
 
 def test_serving_gate_passes_on_both_heads(sandbox):
+    """The gate, B's concurrency proof (K=2 = --max-num-seqs) and both heads' KV capacity from the startup log;
+    the restart gate waits for --qualify."""
     good = gate()
-    assert good.returncode == 0 and "2 passed" in good.stdout, good.stdout[-3000:]
+    assert good.returncode == 0 and "4 passed, 2 skipped" in good.stdout, good.stdout[-3000:]
+
+
+def start_time(node: str) -> datetime:
+    """The service's wall-clock start time (the nodes share this machine's clock)."""
+    out = on_node(node, f"systemctl show --timestamp=us+utc -p ExecMainStartTimestamp --value {UNITS[node]}").stdout
+    return datetime.strptime(out.strip(), "%a %Y-%m-%d %H:%M:%S.%f %Z")
+
+
+def test_restart_gate_restarts_the_pair_worker_first_and_the_smoke_passes_after(sandbox):
+    before = {n: start_time(n) for n in ("sandbox-b0", "sandbox-b1")}
+    proc = gate("--qualify", "--limit", "sandbox-b0", "-k", "restart")
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:]
+    after = {n: start_time(n) for n in ("sandbox-b0", "sandbox-b1")}
+    assert all(after[n] > before[n] for n in after), (before, after)
+    first = {}  # each unit's first (re)start since then (a worker that lost its job may restart again)
+    for n in after:
+        since = before[n].strftime("%Y-%m-%d %H:%M:%S.%f")
+        log = on_node(n, f"journalctl -u {UNITS[n]} --no-pager -o short-unix --since '{since} UTC'").stdout
+        first[n] = next(float(line.split()[0]) for line in log.splitlines() if "systemd[1]: Starting " in line)
+    assert first["sandbox-b1"] < first["sandbox-b0"], f"the worker restarts before its head: {first}"
+
+
+def test_qualification_gates_fail_naming_what_and_why(sandbox, tmp_path):
+    """K above --max-num-seqs (3 > 2), and a KV minimum above what the startup log reports: the gate fails,
+    naming the gauge and the key with their figures."""
+    os.symlink(os.path.abspath("inventories/group_data"), tmp_path / "group_data")
+    with open(INVENTORY) as f:
+        text = f.read()
+    head = '_node("sandbox-b0", 2202, node_rank=0,'
+    assert head in text
+    inventory = tmp_path / "sandbox.py"  # same file-name group: the sandbox stand-ins apply
+    inventory.write_text(text.replace(head, head + " gate_concurrency=3, gate_kv_cache_min_tokens=10**9,"))
+    bad = subprocess.run([*GATE, "--inventory", str(inventory), "--limit", "sandbox-b0",
+                          "-k", "serving_gate or kv_capacity"], capture_output=True, text=True, timeout=READY_S + 600)
+    assert bad.returncode == 1 and "2 failed" in bad.stdout, bad.stdout[-3000:]
+    assert "concurrency: vllm:num_requests_running peaked at 2, want 3: not all scheduled together" in bad.stdout
+    assert "vllm:num_requests_waiting reached 1" in bad.stdout
+    assert "tokens is below gate_kv_cache_min_tokens 1,000,000,000" in bad.stdout, bad.stdout[-3000:]
 
 
 def test_noop_converge_keeps_the_same_processes(sandbox):

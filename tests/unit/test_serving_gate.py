@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from tests.unit.profiles import profile
+
 GATE = "files/serving_gate/serving_gate.py"
 
 
@@ -128,3 +130,180 @@ def test_metrics_check_wants_the_v1_names(monkeypatch):
     assert results["coherence"]["ok"] and results["usage"]["ok"]
     assert not results["metrics"]["ok"]
     assert results["metrics"]["detail"] == "/metrics lacks vllm:num_requests_running, vllm:kv_cache_usage_perc"
+
+
+# --- seed 004's qualification gates: the parsing and the decisions --------------------------------------
+
+# Seed 000's journal, verbatim (the write-up's startup log of deployment A).
+SEED_000_LOG = """\
+Aug 04 02:44:21 compute-server grandpa[572062]: (Worker_TP0 pid=264) INFO 08-04 02:44:21 [gpu_worker.py:617] Available KV cache memory: 8.59 GiB
+Aug 04 02:44:21 compute-server grandpa[572062]: (EngineCore pid=179) INFO 08-04 02:44:21 [kv_cache_utils.py:2428] GPU KV cache size: 285,336 tokens
+Aug 04 02:44:21 compute-server grandpa[572062]: (EngineCore pid=179) INFO 08-04 02:44:21 [kv_cache_utils.py:2429] Maximum concurrency for 262,144 tokens per request: 1.09x
+"""
+# The sandbox's CPU vLLM 0.21 (`-o cat` journal), two starts: the last one counts.
+CPU_LOG = """\
+(EngineCore pid=20777) INFO 12-01 09:08:36 [kv_cache_utils.py:1710] GPU KV cache size: 1,000 tokens
+(EngineCore pid=20777) INFO 12-01 09:08:36 [kv_cache_utils.py:1711] Maximum concurrency for 512 tokens per request: 1.95x
+(EngineCore pid=21140) INFO 12-01 09:09:26 [kv_cache_utils.py:1710] GPU KV cache size: 2,097,152 tokens
+(EngineCore pid=21140) INFO 12-01 09:09:26 [kv_cache_utils.py:1711] Maximum concurrency for 2,048 tokens per request: 1024.00x
+"""
+
+
+def test_kv_capacity_reads_the_startup_log_lines():
+    gate = _gate_module()
+    assert gate.kv_capacity(SEED_000_LOG) == {"tokens": 285336, "request_tokens": 262144, "concurrency": 1.09}
+    assert gate.kv_capacity(CPU_LOG) == {"tokens": 2097152, "request_tokens": 2048, "concurrency": 1024.0}
+    assert gate.kv_capacity("Starting vLLM API server\n") == {"tokens": None, "request_tokens": None,
+                                                                 "concurrency": None}
+
+
+def test_kv_capacity_against_the_profile_minimums():
+    """Deployment A's profile minimums are seed 000's own figures: its log passes, a smaller pool fails,
+    naming the figure, the key and the minimum; a log without the lines fails, saying so."""
+    gate = _gate_module()
+    a = profile("rtx_pro_6000_pair")
+    seed = gate.kv_capacity(SEED_000_LOG)
+    assert gate.kv_capacity_problems(seed, a["gate_kv_cache_min_tokens"], a["gate_kv_min_concurrency"]) == []
+    smaller = gate.kv_capacity(SEED_000_LOG.replace("285,336", "200,000").replace("1.09x", "0.76x"))
+    assert gate.kv_capacity_problems(smaller, a["gate_kv_cache_min_tokens"], a["gate_kv_min_concurrency"]) == [
+        "GPU KV cache size 200,000 tokens is below gate_kv_cache_min_tokens 285,336",
+        "maximum concurrency 0.76x for 262,144 tokens per request is below gate_kv_min_concurrency 1.09x"]
+    missing = gate.kv_capacity_problems(gate.kv_capacity(""), 1, 1.0)
+    assert len(missing) == 2 and "no 'GPU KV cache size: N tokens' line" in missing[0]
+    assert gate.kv_capacity_problems(gate.kv_capacity(""), None, None) == []  # nothing asked, nothing checked
+    b = profile("gb10_dspark")  # seed 004: 1,372,579 tokens, 1.31x the 1,048,576-token context
+    assert (b["gate_kv_cache_min_tokens"], b["gate_kv_min_concurrency"]) == (1372579, 1.31)
+    assert "--max-model-len" in b["vllm_args"] and b["vllm_args"][b["vllm_args"].index("--max-model-len") + 1] == "1048576"
+
+
+def _reply(n, text="1 2 3", finish="length"):
+    return {"choices": [{"message": {"content": text}, "finish_reason": finish}], "usage": {"completion_tokens": n}}
+
+
+@pytest.mark.parametrize("samples, replies, generated, min_tok_s, problem", [
+    ([(0, 0), (2, 0), (2, 0), (1, 0)], [_reply(100), _reply(100)], 200, 0, None),
+    # K above --max-num-seqs: one runs, one waits
+    ([(1, 1), (1, 1), (1, 0)], [_reply(100), _reply(100)], 200, 0,
+     "vllm:num_requests_running peaked at 1, want 2: not all scheduled together (--max-num-seqs below K?)"),
+    ([(2, 1), (2, 0)], [_reply(100), _reply(100)], 200, 0, "vllm:num_requests_waiting reached 1 while they ran"),
+    ([(3, 0)], [_reply(100), _reply(100)], 200, 0, "peaked at 3, want 2: other requests were running"),
+    ([(0, 0)], [_reply(100), _reply(100)], 200, 0, "no /metrics sample of 1 saw a request running"),
+    ([(2, 0)], [_reply(100), _reply(37, finish="stop")], 200, 0,
+     "request 2: 37 completion tokens (finish_reason stop), want exactly 100 (length)"),
+    ([(2, 0)], [_reply(100), _reply(100, text="other")], 200, 0, "answered 2 different texts"),
+    ([(2, 0)], [_reply(100), "URLError: timed out"], 200, 0, "request 2: URLError: timed out"),
+    ([(2, 0)], [_reply(100), _reply(100)], 120, 0, "vllm:generation_tokens_total rose by 120, less than the 200"),
+    ([(2, 0)], [_reply(100), _reply(100)], 200, 1000, "aggregate 20.00 tok/s is below gate_min_aggregate_tok_s 1000"),
+])
+def test_concurrency_verdict(samples, replies, generated, min_tok_s, problem):
+    ok, detail = _gate_module().concurrency_verdict(2, 100, samples, replies, [8.0, 9.0, 10.0], generated, min_tok_s)
+    assert ok is (problem is None), detail
+    if problem:
+        assert problem in detail, detail
+    else:
+        assert detail.startswith("2 x 100 tokens in 10.00 s: aggregate 20.00 tok/s, per stream 11.11-12.50 tok/s "
+                                 "(usage.completion_tokens); running peak 2, waiting peak 0"), detail
+
+
+def _scheduler(gate, monkeypatch, max_num_seqs, tokens_out=None):
+    """A fake server behind gate.call: requests take 0.6 s once scheduled, at most max_num_seqs at a time;
+    /metrics shows the running and waiting counts and the generation counter."""
+    import threading
+    import time
+
+    state = {"running": 0, "waiting": 0, "generated": 0, "bodies": []}
+    lock, slots = threading.Lock(), threading.Semaphore(max_num_seqs)
+
+    def fake_call(base, path, body=None, timeout=120):
+        if path == "/metrics":
+            with lock:
+                return 200, (f"vllm:num_requests_running {state['running']}\nvllm:num_requests_waiting "
+                             f"{state['waiting']}\nvllm:generation_tokens_total {state['generated']}\n")
+        if path != "/v1/chat/completions":
+            return 200, json.dumps({"data": [{"id": "m"}]})
+        with lock:
+            state["waiting"] += 1
+            state["bodies"].append(body)
+        with slots:
+            with lock:
+                state["waiting"] -= 1
+                state["running"] += 1
+            time.sleep(0.6)
+            n = tokens_out or body["max_tokens"]
+            with lock:
+                state["running"] -= 1
+                state["generated"] += n
+        return 200, json.dumps(_reply(n, text="1 2 3"))
+
+    monkeypatch.setattr(gate, "call", fake_call)
+    return state
+
+
+def test_concurrency_proof_samples_metrics_while_the_requests_run(monkeypatch):
+    gate = _gate_module()
+    state = _scheduler(gate, monkeypatch, max_num_seqs=2)
+    ok, detail = gate.concurrency_proof("http://x", "m", 2, 64, poll=0.05)
+    assert ok, detail
+    assert "running peak 2, waiting peak 0" in detail
+    body = state["bodies"][0]
+    assert body["max_tokens"] == 64 and body["ignore_eos"] is True and body["temperature"] == 0
+    assert "stream" not in body, "tokens are counted from usage, never from stream chunks"
+
+
+def test_concurrency_proof_fails_when_k_exceeds_the_servers_slots(monkeypatch):
+    gate = _gate_module()
+    _scheduler(gate, monkeypatch, max_num_seqs=2)
+    ok, detail = gate.concurrency_proof("http://x", "m", 3, 64, poll=0.05)
+    assert not ok
+    assert "vllm:num_requests_running peaked at 2, want 3: not all scheduled together" in detail, detail
+    assert "vllm:num_requests_waiting reached 1" in detail
+
+
+def test_concurrency_check_runs_only_when_asked(monkeypatch):
+    gate = _gate_module()
+    _scheduler(gate, monkeypatch, max_num_seqs=4)
+    names = [r["check"] for r in gate.run_checks("http://x", "m")]
+    assert "concurrency" not in names
+    results = {r["check"]: r for r in gate.run_checks("http://x", "m", concurrency=2, concurrency_tokens=32)}
+    assert results["concurrency"]["ok"], results["concurrency"]
+
+
+def test_wait_ready_names_the_url_after_its_timeout_and_returns_once_healthy(server):
+    mode, url = server
+    gate = _gate_module()
+    assert 0 <= gate.wait_ready(url, 5) < 5
+    dead = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(TimeoutError, match=rf"^{dead}/health did not answer 200 in 0.3 s \(last: URLError"):
+        gate.wait_ready(dead, 0.3, interval=0.1)
+    proc = subprocess.run([sys.executable, GATE, dead, "x", "--wait", "0.3", "--ready-only"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and [json.loads(line)["check"] for line in proc.stdout.splitlines()] == ["ready"]
+
+
+def test_the_profiles_gate_options_and_restart_order():
+    from deploys.schema import validate_hosts
+    from deploys.serving_gate import gate_options, restart_order
+
+    b = profile("gb10_dspark")
+    nodes = {"b0": {**b, "node_rank": 0, "fabric_address": "198.51.100.20"},
+             "b1": {**b, "node_rank": 1, "fabric_address": "198.51.100.21"}}
+    configs = validate_hosts(nodes)
+    assert gate_options(configs["b0"]) == ["--concurrency", "2", "--concurrency-tokens", "1005"]
+    assert configs["b0"].gate_restart is True
+    assert [n for n, _ in restart_order(list(configs.items()))] == ["b1", "b0"]  # the worker first
+    a = validate_hosts({"a": {**profile("rtx_pro_6000_pair"), "ssh_hostname": "192.0.2.10"}})["a"]
+    assert gate_options(a) == [] and a.gate_restart is False  # the defaults: no proof, no restart
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("gate_concurrency", -1, "greater than or equal to 0"),
+    ("gate_concurrency_tokens", 0, "greater than or equal to 8"),
+    ("gate_kv_cache_min_tokens", "lots", "valid integer"),
+    ("gate_kv_min_concurrency", 0, "greater than 0"),
+])
+def test_gate_keys_are_typed(key, value, expected):
+    from deploys.schema import InventoryValidationError, validate_hosts
+
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts({"node-a": {**profile("rtx_pro_6000_pair"), "ssh_hostname": "192.0.2.10", key: value}})
+    assert f"key '{key}" in str(err.value) and expected in str(err.value)
