@@ -10,6 +10,9 @@ the others converge what they need themselves (`-k` selects them alone).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra, wait_serving
 
 NO_PIN = "-o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts=/dev/null"
@@ -93,6 +96,11 @@ def test_preinstalled_driver_is_held_with_the_running_kernel_and_its_modules_pac
     assert any(line.startswith("Inst linux-image-9.9.9-9999-standin ") for line in free), free
     assert any(line.startswith("Inst libnvidia-compute-580 [580.95.05-0ubuntu1] (580.126.09-0ubuntu1") for line in free), free
     assert changed_operations(pyinfra("--json", INVENTORY, DRIVER, "--limit", DGX)) == []
+    audit = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/audit/test_nvidia_driver.py", "--inventory",
+                            INVENTORY, "--limit", DGX, "-rA", "-k", "held or alone or unattended or loaded"],
+                           capture_output=True, text=True, timeout=300)
+    assert audit.returncode == 0, audit.stdout[-3000:]
+    assert f"PASSED tests/audit/test_nvidia_driver.py::test_kernel_held_with_its_nvidia_modules[{DGX}]" in audit.stdout
 
 
 def test_userspace_upgraded_without_its_modules_package_is_refused_naming_the_versions(sandbox):
