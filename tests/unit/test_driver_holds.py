@@ -2,12 +2,12 @@
 (loaded module, the running kernel's NVIDIA modules package, userspace), on fact outputs in the facts'
 formats (tests/unit/fixtures/nvidia: gb10-shaped is hand-made after public DGX OS listings, real-h200 captured)."""
 
+import runpy
 from pathlib import Path
 
 import pytest
 
 from deploys.preflight import driver_column, driver_problems
-from deploys.inventory import inventory_configs, load_inventory
 from deploys.schema import NvidiaDriverKeys
 from facts.nvidia import KernelPackages, NvidiaDriverPackages, driver_state, kernel_hold_set, modules_for
 
@@ -104,13 +104,12 @@ def test_preflight_refuses_differing_packages_only_for_a_preinstalled_driver():
     assert driver_problems(NvidiaDriverKeys(nvidia_driver_source="preinstalled"), ok) == []
 
 
-def test_gb10_profiles_use_the_preinstalled_driver_and_hold_the_running_kernel():
-    configs = inventory_configs(load_inventory("inventories/lab.py"))
-    gb10 = {n: c for n, c in configs.items() if c.node_arch == "aarch64"}
-    assert len(gb10) == 4
-    for cfg in gb10.values():
-        assert cfg.nvidia_driver_source == "preinstalled" and cfg.nvidia_kernel_hold == "running"
-        assert cfg.driver_packages == []
+@pytest.mark.parametrize("profile", ["gb10_dspark", "gb10_mtp"])
+def test_gb10_profiles_use_the_preinstalled_driver_and_hold_the_running_kernel(profile):
+    data = runpy.run_path(f"inventories/group_data/{profile}.py")
+    keys = NvidiaDriverKeys(**{k: v for k, v in data.items() if k in NvidiaDriverKeys.model_fields})
+    assert keys.nvidia_driver_source == "preinstalled" and keys.nvidia_kernel_hold == "running"
+    assert keys.driver_packages == [] and data["node_arch"] == "aarch64"
 
 
 @pytest.mark.parametrize("value,ok", [("running", True), ("6.17.0-1014-nvidia", True), ("latest", False),
