@@ -383,7 +383,7 @@ ExecStart=/bin/sh -c 'v=$(cat /usr/lib/stand-in-nvidia/module-version 2>/dev/nul
 WantedBy=multi-user.target
 UNIT
   ln -sf /etc/systemd/system/stand-in-nvidia-module.service "$root/etc/systemd/system/multi-user.target.wants/"
-  [ "$driver" = preinstalled ] && dgx_os_node "$root"
+  if [ "$driver" = preinstalled ]; then dgx_os_node "$root"; fi
   # Stand-in RoCE sysfs: the fabric address's RoCE v2 GID sits at an index that differs between nodes
   # (as on real pairs), among v1 and link-local entries.
   if [ "$fabric" != - ]; then
@@ -458,7 +458,8 @@ down_all() { local d; for d in "$SANDBOX_DIR"/run/*/; do [ -d "$d" ] && down "$(
 case ${1:-} in
   deps) deps ;;
   build) deps; build ;;
-  up) [ $# -ge 3 ] || { echo "usage: $0 up NAME PORT [GPUS] [FABRIC_ADDR]" >&2; exit 2; }; up "$2" "$3" "${4:-1}" "${5:--}" ;;
+  up) [ $# -ge 3 ] || { echo "usage: $0 up NAME PORT [GPUS] [FABRIC_ADDR] [DRIVER]" >&2; exit 2; }
+      up "$2" "$3" "${4:-1}" "${5:--}" "${6:--}" ;;
   standins) deps; standins ;;
   vllm-image) deps; build; registry; vllm_image; cat "$VLLM_STORE/digest" ;;
   down) [ $# -eq 2 ] || { echo "usage: $0 down NAME" >&2; exit 2; }; down "$2" ;;
