@@ -80,7 +80,9 @@ def _ok(node: str, command: str) -> str:
 
 
 def _moves(sim: str) -> list[str]:
-    return [line for line in sim.splitlines() if line.startswith(("Inst ", "Remv "))]
+    """Driver and kernel packages an upgrade would install or remove (the distribution's own updates aside)."""
+    return [line for line in sim.splitlines() if line.startswith(("Inst ", "Remv "))
+            and line.split()[1].startswith(("nvidia-", "libnvidia-", "linux-"))]
 
 
 def test_preinstalled_driver_is_held_with_the_running_kernel_and_its_modules_package(sandbox):
