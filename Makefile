@@ -28,7 +28,7 @@ unit: venv
 
 # Boot the sandbox nodes, converge them with the real entry point, audit them; leaves them running.
 demo: venv sandbox-deps
-	$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port gpus fabric; do $(NODE_SH) up "$$name" "$$port" "$$gpus" "$$fabric" </dev/null || exit 1; done
+	$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port gpus fabric driver; do $(NODE_SH) up "$$name" "$$port" "$$gpus" "$$fabric" "$$driver" </dev/null || exit 1; done
 	$(BIN)/python -m tests.sandbox.nodes --manifests
 	$(BIN)/pyinfra -y $(SANDBOX_INVENTORY) deploys/all.py
 	AUDIT_INVENTORY=$(SANDBOX_INVENTORY) $(BIN)/python -m pytest -q tests/audit
@@ -36,7 +36,7 @@ demo: venv sandbox-deps
 	AUDIT_INVENTORY=$(SANDBOX_INVENTORY) $(BIN)/python -m pytest -q -rA tests/audit -m serving | grep -E "^(PASSED|FAILED)|passed|failed"
 	@echo
 	@echo "Sandbox nodes are running:"
-	@$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port gpus fabric; do echo "  $$name  ssh -F $${SANDBOX_DIR:-/var/tmp/inference-nodes-sandbox}/ssh/config $$name   (or: $(NODE_SH) ssh $$name)"; done
+	@$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port gpus fabric driver; do echo "  $$name  ssh -F $${SANDBOX_DIR:-/var/tmp/inference-nodes-sandbox}/ssh/config $$name   (or: $(NODE_SH) ssh $$name)"; done
 	@echo "Converge again:  $(BIN)/pyinfra -y $(SANDBOX_INVENTORY) deploys/all.py"
 	@echo "Stop them all:   make demo-down"
 

@@ -16,11 +16,19 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, systemd
-from pyinfra.operations.util import any_changed
 
 from deploys.apt_state import apt_lists_updated, lock_waiting
 from deploys.inventory import node_config
-from deploys.ops import apt_held, atomic_put, fail_host, flat_repo_source, keyring_verified, secret_file
+from deploys.ops import (
+    apt_held,
+    atomic_put,
+    fail_host,
+    flat_repo_source,
+    follow_up_done,
+    follow_up_stamp,
+    keyring_verified,
+    secret_file,
+)
 from deploys.schema import ContainerRuntimeKeys, NodeConfig
 from facts.containers import CdiSpec, PodmanImageDigest, PodmanVersion
 from facts.nvidia import NvidiaKernelModule
@@ -35,6 +43,8 @@ REFRESH_ENV = "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env"
 STALE_SPEC = "/etc/cdi/nvidia.yaml"
 REGISTRIES_FILE = "/etc/containers/registries.conf.d/90-inference-nodes.conf"
 AUTH_FILE = "/etc/inference-nodes/secrets/registry-auth.json"
+LISTS_STAMP = "container-runtime-apt-lists"  # follow-up stamps (deploys/ops.py follow_up_done)
+REFRESH_STAMP = "container-runtime-cdi-refresh"
 
 
 def render_toolkit_source(cfg: ContainerRuntimeKeys, deb_arch: str) -> str:
@@ -175,40 +185,47 @@ def container_runtime():
     podman_at_least(name=f"Check Podman >= {cfg.podman_min_version}", minimum=cfg.podman_min_version)
 
     apt.packages(name="Install what fetching and checking repo keys needs", packages=["curl", "gpg", "ca-certificates"])
-    key = keyring_verified(
+    keyring_verified(
         name="Install the container toolkit repo key (fingerprint checked)",
         url=cfg.nvidia_toolkit_key_url,
         fingerprint=cfg.nvidia_toolkit_key_fingerprint,
         dest=TOOLKIT_KEYRING,
+        resets=follow_up_stamp(LISTS_STAMP),
     )
     deb_arch = DEB_ARCH[cfg.node_arch]  # preflight refused a node of another architecture
-    source = atomic_put(
+    source = render_toolkit_source(cfg, deb_arch)
+    atomic_put(
         batch=batch,
         name="Add NVIDIA's container toolkit repo",
-        src=StringIO(render_toolkit_source(cfg, deb_arch)),
+        src=StringIO(source),
         dest=TOOLKIT_SOURCE,
         user="root", group="root", mode="0644",
+        resets=follow_up_stamp(LISTS_STAMP),
     )
-    apt_lists_updated(name="Update apt lists after the toolkit source changed", _if=any_changed(key, source))
+    follow_up_done(name="Update apt lists after the toolkit source changed", stamp=LISTS_STAMP,
+                   command=lock_waiting("apt-get", "update", "-qq"), paths=(TOOLKIT_SOURCE,), contents=(source,))
     version = cfg.nvidia_toolkit_version
     toolkit_installed(name=f"Install the NVIDIA container toolkit {version}", packages=cfg.nvidia_toolkit_packages,
                       version=version)
     apt_held(name="Hold the container toolkit", packages=cfg.nvidia_toolkit_packages)
 
-    env = atomic_put(
+    refresh_env = render_refresh_env(cfg)
+    atomic_put(
         batch=batch,
         name="Configure CDI generation for this Podman",
-        src=StringIO(render_refresh_env(cfg)),
+        src=StringIO(refresh_env),
         dest=REFRESH_ENV,
         user="root", group="root", mode="0644", create_remote_dir=True,
+        resets=follow_up_stamp(REFRESH_STAMP),
     )
     files.file(name=f"Remove a second, hand-made CDI spec ({STALE_SPEC})", path=STALE_SPEC, present=False)
     systemd.service(name="Regenerate CDI specs when the driver changes", service="nvidia-cdi-refresh.path",
                     running=True, enabled=True)
     systemd.service(name="Regenerate CDI specs at boot", service="nvidia-cdi-refresh.service", running=None,
                     enabled=True)  # a oneshot: enabled, not kept running
-    systemd.service(name="Regenerate the CDI spec after a configuration change", service="nvidia-cdi-refresh.service",
-                    restarted=True, _if=env.did_change)
+    follow_up_done(name="Regenerate the CDI spec after a configuration change", stamp=REFRESH_STAMP,
+                   command="systemctl restart nvidia-cdi-refresh.service", paths=(REFRESH_ENV,),
+                   contents=(refresh_env,))
     cdi_spec_current(
         name="Check the CDI spec lists every GPU the service uses",
         path=cfg.cdi_spec_path,

@@ -12,10 +12,10 @@ from io import StringIO
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.api.exceptions import OperationError
-from pyinfra.operations import files, server
+from pyinfra.operations import files
 
 from deploys.inventory import node_config
-from deploys.ops import atomic_put
+from deploys.ops import atomic_put, follow_up_done, follow_up_stamp
 from deploys.schema import NodeConfig
 from deploys.unit_text import env_file_line
 from facts.host import MountSizeBytes
@@ -24,6 +24,7 @@ from facts.host import MountSizeBytes
 LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
 SYSTEMD_DEFAULTS_FILE = "/etc/systemd/system.conf.d/90-inference-nodes.conf"
 HEADER = "# Managed by inference-nodes (deploys/host_tuning.py); local edits are overwritten.\n"
+REEXEC_STAMP = "host-tuning-systemd-reexec"  # follow-up stamp (deploys/ops.py follow_up_done)
 
 
 def render_limits(cfg: NodeConfig) -> str:
@@ -105,20 +106,24 @@ def host_tuning():
         group="root",
         mode="0644",
     )
-    defaults = atomic_put(
+    defaults = render_systemd_defaults(cfg)
+    atomic_put(
         batch=batch,
         name="Set systemd's default memlock/nofile/stack limits for services",
-        src=StringIO(render_systemd_defaults(cfg)),
+        src=StringIO(defaults),
         dest=SYSTEMD_DEFAULTS_FILE,
         user="root",
         group="root",
         mode="0644",
         create_remote_dir=True,
+        resets=follow_up_stamp(REEXEC_STAMP),
     )
-    server.shell(
+    follow_up_done(
         name="Re-execute systemd so the new default limits apply",
-        commands=["systemctl daemon-reexec"],
-        _if=defaults.did_change,
+        stamp=REEXEC_STAMP,
+        command="systemctl daemon-reexec",
+        paths=(SYSTEMD_DEFAULTS_FILE,),
+        contents=(defaults,),
     )
     files.directory(
         name="Create the fabric env file's directory",

@@ -24,12 +24,12 @@ from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.facts.server import Command
 from pyinfra.facts.systemd import SystemdStatus
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files
 
 from deploys.host_tuning import render_fabric_env
 from deploys.inventory import node_cluster, node_config
 from deploys.model_snapshot import GATE, STAMP
-from deploys.ops import atomic_put
+from deploys.ops import atomic_put, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_stamp
 from deploys.unit_text import command_line, environment_line
 from deploys.schema import NodeConfig, cluster_head, cluster_of
 
@@ -213,8 +213,9 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
     # and the verified snapshot (its stamp: files' size/inode/mtime). A converge compares both with what
     # it renders and what is verified now, and restarts a service started from anything else (a repaired
     # file included: the service may have loaded the bad one).
-    record = (f"mkdir -p {RUN_DIR} && {{ cat {UNIT_DIR}/{cfg.container_name}.container {cfg.fabric_env_file} "
-              f"| sha256sum | cut -d' ' -f1; sha256sum < {STAMP} | cut -d' ' -f1; }} > {started_from_path(cfg)}")
+    started = files_fingerprint_command((f"{UNIT_DIR}/{cfg.container_name}.container", cfg.fabric_env_file))
+    record = (f"mkdir -p {RUN_DIR} && {{ {started}; sha256sum < {STAMP} | cut -d' ' -f1; }} > "
+              f"{started_from_path(cfg)}")
     out.append(f"ExecStartPre={command_line(['/bin/sh', '-c', record])}\n")
     out += [f"TimeoutStartSec={cfg.service_timeout_start_sec}\n", f"TimeoutStopSec={cfg.service_timeout_stop_sec}\n",
             "Restart=on-failure\n", f"RestartSec={cfg.service_restart_sec}\n", f"LimitMEMLOCK={memlock}\n",
@@ -232,6 +233,7 @@ def render_cluster(configs: dict[str, NodeConfig]) -> dict[str, str]:
     return out
 
 
+QUADLET_STAMP = "inference-service-quadlet"  # follow-up stamp (deploys/ops.py follow_up_done)
 ROCE_HELPER = "/usr/local/lib/inference-nodes/roce_gid.py"
 ARGS_CHECK = "/usr/local/lib/inference-nodes/check_vllm_args.py"
 JOB_PROBE = "/usr/local/lib/inference-nodes/job_probe.py"
@@ -241,7 +243,7 @@ JOB_PROBE_MOUNT = "/run/inference-nodes-job-probe.py"
 def fingerprint(unit_text: str, cfg: NodeConfig) -> str:
     """What a running service must have started from: the unit and the fabric env it reads (the image is
     in the unit). The unit records the same hash of the files at every start (`started_from_path`)."""
-    return hashlib.sha256((unit_text + render_fabric_env(cfg)).encode()).hexdigest()
+    return content_fingerprint(unit_text, render_fabric_env(cfg))
 
 
 def args_check_command(cfg: NodeConfig, argv: list[str]) -> str:
@@ -328,9 +330,10 @@ def inference_service():
     check = args_check_command(cfg, vllm_argv(cfg, head, nodes)) if cfg.vllm_launch == "cli" else None
     vllm_accepts(name="Check the new command line with the image's own vLLM", unit_path=unit_path,
                  unit_text=unit_text, check=check)
-    unit = atomic_put(batch=batch, name="Install the Quadlet unit", src=StringIO(unit_text), dest=unit_path,
-                      user="root", group="root", mode="0644", create_remote_dir=True)
-    systemd.daemon_reload(name="Run the Quadlet generator (daemon-reload)", _if=unit.did_change)
+    atomic_put(batch=batch, name="Install the Quadlet unit", src=StringIO(unit_text), dest=unit_path,
+               user="root", group="root", mode="0644", create_remote_dir=True, resets=follow_up_stamp(QUADLET_STAMP))
+    follow_up_done(name="Run the Quadlet generator (daemon-reload)", stamp=QUADLET_STAMP,
+                   command="systemctl daemon-reload", paths=(unit_path,), contents=(unit_text,))
     service = f"{cfg.container_name}.service"
     fp = fingerprint(unit_text, cfg)
     started = started_from_path(cfg)

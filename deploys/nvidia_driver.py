@@ -15,13 +15,27 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.facts.server import OsRelease
 from pyinfra.operations import apt, server
-from pyinfra.operations.util import any_changed
 
 from deploys.apt_state import apt_lists_updated, lock_waiting
 from deploys.inventory import node_config
-from deploys.ops import apt_held, atomic_put, fail_host, flat_repo_source, keyring_verified
+from deploys.ops import (
+    apt_held,
+    atomic_put,
+    fail_host,
+    flat_repo_source,
+    follow_up_done,
+    follow_up_stamp,
+    keyring_verified,
+)
 from deploys.schema import NodeConfig, NvidiaDriverKeys, defaults_of
-from facts.nvidia import DRIVER_VERSION, NvidiaDriverPackages, NvidiaKernelModule, driver_state
+from facts.nvidia import (
+    DRIVER_VERSION,
+    KernelPackages,
+    NvidiaDriverPackages,
+    NvidiaKernelModule,
+    driver_state,
+    kernel_hold_set,
+)
 
 DEFAULTS = defaults_of(NvidiaDriverKeys)  # keys, defaults and meanings: README "Inventory keys"
 
@@ -31,6 +45,19 @@ SOURCE_FILE = "/etc/apt/sources.list.d/inference-nodes-nvidia-cuda.sources"
 KEYRING = "/etc/apt/keyrings/inference-nodes-nvidia-cuda.gpg"
 NOUVEAU_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
 HEADER = "# Managed by inference-nodes (deploys/nvidia_driver.py); local edits are overwritten.\n"
+NOUVEAU_TEXT = f"{HEADER}blacklist nouveau\noptions nouveau modeset=0\n"
+INITRAMFS_STAMP = "nvidia-driver-initramfs"  # follow-up stamps (deploys/ops.py follow_up_done)
+LISTS_STAMP = "nvidia-driver-apt-lists"
+
+
+def packages_differ_message(reason: str) -> str:
+    """Why a host with the ``packages_differ`` driver state is stopped (the driver deploy and preflight)."""
+    return (f"DRIVER PACKAGES DIFFER ({reason}). The running kernel's NVIDIA modules package, the "
+            "userspace driver and the loaded module must be one driver version, else the next boot gives an NVRM "
+            "API mismatch; a reboot cannot fix it. Install the matching modules package or userspace driver (one "
+            "release's set), or roll the upgrade back, and rerun")
+
+
 DRIVER_GLOBS = "nvidia-* libnvidia-* cuda-drivers* xserver-xorg-video-nvidia*"
 
 
@@ -140,24 +167,33 @@ def driver_installed(packages: list[str], branch: str):
 
 @operation()
 def driver_held(kernel: str | None = None):
-    """`apt-mark hold` every installed driver package (and the kernel packages of ``kernel``).
+    """`apt-mark hold` every installed driver package and, with ``kernel``, what keeps that kernel in place:
+    its image/modules/headers, NVIDIA's precompiled modules package for it, and the flavour metapackages
+    that would bring the next kernel (facts/nvidia.py ``kernel_hold_set``).
 
-    + kernel: a kernel release whose image/modules/headers packages are held too
+    + kernel: a kernel release, or ``running`` for the one the node runs (`uname -r`)
     """
     facts = host.get_fact(NvidiaDriverPackages)
     wanted = sorted(facts.get("installed", {}))
     if kernel:
-        kernel_pkgs = [p for p in (f"linux-image-{kernel}", f"linux-modules-{kernel}", f"linux-headers-{kernel}")
-                       if p in facts.get("kernel", {})]
+        packages = host.get_fact(KernelPackages)
+        release = packages.get("running") if kernel == "running" else kernel
+        kernel_pkgs = kernel_hold_set(packages, release or "")
         if not kernel_pkgs:
-            yield fail_host(f"{host.name}: nvidia_kernel_hold {kernel}: no linux-image-{kernel} installed")
+            yield fail_host(f"{host.name}: nvidia_kernel_hold {kernel}: no linux-image-{release} installed")
             return
         wanted += kernel_pkgs
     yield from apt_held._inner(packages=wanted)
 
 
+def current_driver_state(node, root: str) -> dict:
+    """driver_state from the node's facts (userspace packages, loaded module, the kernel's modules package)."""
+    return driver_state(node.get_fact(NvidiaDriverPackages), node.get_fact(NvidiaKernelModule, root=root),
+                        node.get_fact(KernelPackages))
+
+
 def _recheck_after_reboot(state, host, root: str):
-    result = driver_state(host.get_fact(NvidiaDriverPackages), host.get_fact(NvidiaKernelModule, root=root))
+    result = current_driver_state(host, root)
     if result["state"] != "ok":
         host.log_styled(f"still not usable after the reboot: {result['reason']}", fg="red", log_func=logger.error)
         return False
@@ -167,18 +203,22 @@ def _recheck_after_reboot(state, host, root: str):
 
 @operation()
 def driver_loaded(root: str, allow_reboot: bool, reboot_delay: int = 10):
-    """The loaded kernel module must be the installed userspace driver; else reboot or stop the host.
+    """The loaded kernel module must be the installed userspace driver, and the running kernel's NVIDIA modules
+    package (where there is one) the same driver; else reboot (module only) or stop the host.
 
     + root: where sys/ and proc/ are read
     + allow_reboot: reboot (then wait and re-check) instead of failing the host
     + reboot_delay: seconds before reconnecting after the reboot
     """
-    result = driver_state(host.get_fact(NvidiaDriverPackages), host.get_fact(NvidiaKernelModule, root=root))
+    result = current_driver_state(host, root)
     if result["state"] in ("ok", "module_only"):
         host.noop(f"driver usable: {result['reason']}")
         return
     if result["state"] == "not_installed":
         yield fail_host(f"{host.name}: no NVIDIA driver is installed or loaded")
+        return
+    if result["state"] == "packages_differ":
+        yield fail_host(f"{host.name}: {packages_differ_message(result['reason'])}")
         return
     if not allow_reboot or host.name == "@local":
         why = "refusing to reboot the machine pyinfra runs on" if host.name == "@local" else "allow_reboot is false"
@@ -202,12 +242,13 @@ def nvidia_driver():
         branch=branch,
         allow_change=cfg.allow_driver_change,
     )
-    pin = atomic_put(
+    atomic_put(
         batch=batch,
         name=f"Pin driver packages to branch {branch}, refuse other branches",
         src=StringIO(render_apt_pin(branch)),
         dest=PIN_FILE,
         user="root", group="root", mode="0644",
+        resets=follow_up_stamp(LISTS_STAMP) if cfg.nvidia_driver_source != "preinstalled" else None,
     )
     atomic_put(
         batch=batch,
@@ -217,46 +258,60 @@ def nvidia_driver():
         user="root", group="root", mode="0644",
     )
     if cfg.nvidia_driver_source != "preinstalled":
-        repo_changes = [pin]
+        repo_files = [(PIN_FILE, render_apt_pin(branch))]  # what apt's lists are fetched for
         if cfg.nvidia_driver_source == "cuda_repo":
             apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
             apt.packages(
                 name="Install what fetching and checking the repo key needs",
                 packages=["curl", "gpg", "ca-certificates"],
             )
-            repo_changes.append(keyring_verified(
+            keyring_verified(
                 name="Install NVIDIA's repo key (fingerprint checked)",
                 url=cfg.nvidia_repo_key_url,
                 fingerprint=cfg.nvidia_repo_key_fingerprint,
                 dest=KEYRING,
-            ))
+                resets=follow_up_stamp(LISTS_STAMP),
+            )
             repo_path = cuda_repo_path(host.get_fact(OsRelease), cfg.node_arch)  # preflight checked the arch
-            repo_changes.append(atomic_put(
+            source = render_cuda_source(cfg, repo_path)
+            atomic_put(
                 batch=batch,
                 name=f"Add NVIDIA's CUDA repo ({repo_path})",
-                src=StringIO(render_cuda_source(cfg, repo_path)),
+                src=StringIO(source),
                 dest=SOURCE_FILE,
                 user="root", group="root", mode="0644",
-            ))
-        nouveau = atomic_put(
+                resets=follow_up_stamp(LISTS_STAMP),
+            )
+            repo_files.append((SOURCE_FILE, source))
+        atomic_put(
             batch=batch,
             name="Blacklist nouveau",
-            src=StringIO(f"{HEADER}blacklist nouveau\noptions nouveau modeset=0\n"),
+            src=StringIO(NOUVEAU_TEXT),
             dest=NOUVEAU_FILE,
             user="root", group="root", mode="0644",
+            resets=follow_up_stamp(INITRAMFS_STAMP),
         )
-        server.shell(
+        follow_up_done(
             name="Rebuild the initramfs without nouveau",
-            commands=["if command -v update-initramfs >/dev/null; then update-initramfs -u; fi"],
-            _if=nouveau.did_change,
+            stamp=INITRAMFS_STAMP,
+            command="if command -v update-initramfs >/dev/null; then update-initramfs -u; fi",
+            paths=(NOUVEAU_FILE,),
+            contents=(NOUVEAU_TEXT,),
         )
-        apt_lists_updated(name="Update apt lists after a source or pin change", _if=any_changed(*repo_changes))
+        follow_up_done(
+            name="Update apt lists after a source or pin change",
+            stamp=LISTS_STAMP,
+            command=lock_waiting("apt-get", "update", "-qq"),
+            paths=tuple(p for p, _ in repo_files),
+            contents=tuple(c for _, c in repo_files),
+        )
         driver_installed(
             name=f"Install driver branch {branch}: {', '.join(cfg.driver_packages)}",
             packages=cfg.driver_packages,
             branch=branch,
         )
-    driver_held(name="Hold the installed driver packages", kernel=cfg.nvidia_kernel_hold)
+    hold = cfg.nvidia_kernel_hold
+    driver_held(name="Hold the installed driver packages" + (f" and the {hold} kernel" if hold else ""), kernel=hold)
     driver_loaded(
         name="Check the loaded kernel module is the installed driver",
         root=cfg.nvidia_module_root,

@@ -1,4 +1,5 @@
-"""Operations shared by several components: per-host failure, verified apt keyrings, apt holds."""
+"""Operations shared by several components: per-host failure, verified apt keyrings, apt holds, and
+follow-up steps decided from state."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import hashlib
 import io
 import os
 import posixpath
+import shlex
 import uuid
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.facts.files import FileContents
 
 from facts.apt import AptHolds, KeyringFingerprints
 from facts.host import ManagedFiles
@@ -30,9 +33,52 @@ def fail_host(message: str) -> FunctionCommand:
     return FunctionCommand(_log_and_fail, (message,), {})
 
 
+FOLLOW_UP_DIR = "/var/lib/inference-nodes/follow-ups"
+
+
+def content_fingerprint(*contents: str) -> str:
+    """sha256 of ``contents`` concatenated: what ``files_fingerprint_command`` prints on the node for files
+    holding exactly those contents, in that order."""
+    return hashlib.sha256("".join(contents).encode()).hexdigest()
+
+
+def files_fingerprint_command(paths) -> str:
+    """Shell command printing the fingerprint of ``paths`` as they are on the node now."""
+    return f"cat {' '.join(shlex.quote(p) for p in paths)} | sha256sum | cut -d' ' -f1"
+
+
+def follow_up_stamp(name: str) -> str:
+    return f"{FOLLOW_UP_DIR}/{name}"
+
+
+@operation()
+def follow_up_done(stamp: str, command, paths: tuple[str, ...], contents: tuple[str, ...]):
+    """Run ``command`` (the step that applies ``paths``: a rebuild, a re-exec, a restart) unless it already
+    succeeded after they held ``contents``. Decided from state, never from the write's ``did_change``:
+    the stamp holds the fingerprint of the files the command last succeeded after, written only once it
+    succeeded, and the write removes it (``atomic_put(resets=...)``). So a run killed between the write and
+    the follow-up, or a follow-up that failed, is completed by the next run (the service restart does the
+    same with the unit's own start record: deploys/inference_service.py).
+
+    + stamp: the stamp's name under FOLLOW_UP_DIR (one per follow-up)
+    + command: shell command (a string or a StringCommand)
+    + paths: the files the follow-up applies
+    + contents: what the deploy writes to them
+    """
+    path = follow_up_stamp(stamp)
+    recorded = host.get_fact(FileContents, path=path)
+    if recorded and recorded[0].strip() == content_fingerprint(*contents):
+        host.noop(f"done after the current {', '.join(paths)} ({path})")
+        return
+    yield command if isinstance(command, StringCommand) else StringCommand("sh", "-c", QuoteString(command))
+    record = (f"mkdir -p {FOLLOW_UP_DIR} && {files_fingerprint_command(paths)} > {path}.tmp && "
+              f"mv -f {path}.tmp {path}")
+    yield StringCommand("sh", "-c", QuoteString(record))
+
+
 @operation()
 def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: str = "0644",
-               create_remote_dir: bool = True, batch: tuple[str, ...] = ()):
+               create_remote_dir: bool = True, batch: tuple[str, ...] = (), resets: str | None = None):
     """Like files.put, but a killed run never leaves a half-written file in place: the content is
     uploaded next to ``dest`` and renamed over it (pyinfra writes in place when it does not sudo).
 
@@ -42,6 +88,8 @@ def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: st
     + create_remote_dir: create the parent directory first (as files.put does)
     + batch: every file the calling deploy manages (``dest`` among them): their state is read in one
       round trip, once per run (deploys/fact_cache.py)
+    + resets: a follow-up stamp (``follow_up_stamp``) removed before ``dest`` is replaced, so the follow-up
+      runs again even for content it applied before (a hand edit that was applied in between)
     """
     if hasattr(src, "read"):
         data = src.read()
@@ -58,6 +106,8 @@ def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: st
         host.noop(f"{dest} is up to date")
         return
     tmp = posixpath.join(posixpath.dirname(dest), f".{posixpath.basename(dest)}.inference-nodes-tmp")
+    if resets:
+        yield StringCommand("rm", "-f", QuoteString(resets))
     if create_remote_dir:
         yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(dest)))
     yield FileUploadCommand(io.BytesIO(data), tmp)
@@ -75,7 +125,7 @@ def refuse(message: str):
 
 
 @operation()
-def keyring_verified(url: str, fingerprint: str, dest: str):
+def keyring_verified(url: str, fingerprint: str, dest: str, resets: str | None = None):
     """Fetch an apt signing key on the node and install only the key with ``fingerprint``, refusing a file
     that holds any other primary key (files/apt/install_signing_key.sh). A keyring on the node that holds
     anything but that one primary key is replaced.
@@ -83,6 +133,7 @@ def keyring_verified(url: str, fingerprint: str, dest: str):
     + url: where the key is published (https:// or file://)
     + fingerprint: the full 40-hex fingerprint of its one primary key
     + dest: keyring path for ``Signed-By:``
+    + resets: a follow-up stamp removed before the keyring is replaced (as ``atomic_put``'s)
     """
     if host.get_fact(KeyringFingerprints, path=dest) == [fingerprint]:
         host.noop(f"{dest} holds key {fingerprint} alone")
@@ -90,6 +141,8 @@ def keyring_verified(url: str, fingerprint: str, dest: str):
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(here, "files/apt/install_signing_key.sh")) as f:
         script = f.read()
+    if resets:
+        yield StringCommand("rm", "-f", QuoteString(resets))
     yield StringCommand("sh", "-c", QuoteString(script), "install_signing_key", QuoteString(url),
                         QuoteString(fingerprint), QuoteString(dest))
 

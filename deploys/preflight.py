@@ -2,7 +2,9 @@
 
 Refuses what the profile cannot run on: a wrong CPU architecture, too little free disk for the part of
 the model still missing, a /dev/shm too small for the KV offload, a GPU index the inventory names that
-nvidia-smi does not list, a fabric address the node does not have, a container device it lacks. A reboot-required driver is shown, not refused: the driver component handles it.
+nvidia-smi does not list, a fabric address the node does not have, a container device it lacks, a
+preinstalled driver whose modules package and userspace differ. A reboot-required driver is shown, not
+refused: the driver component handles it.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pyinfra.api.exceptions import DeployError
 
 from deploys.host_tuning import shm_problem, shm_reason
 from deploys.inventory import node_config
+from deploys.nvidia_driver import packages_differ_message
 from deploys.schema import NodeConfig
 from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources
-from facts.nvidia import NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, driver_state
+from facts.nvidia import KernelPackages, NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, driver_state
 
 ARCH_ALIASES = {"arm64": "aarch64", "amd64": "x86_64"}
 COLUMNS = ("host", "cluster/rank", "OS", "arch", "kernel", "CPUs", "RAM", "free disk (model path)",
@@ -94,6 +97,14 @@ def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = 
     return out
 
 
+def driver_problems(cfg: NodeConfig, state: dict) -> list[str]:
+    """A preinstalled driver whose packages differ is refused here: the driver deploy installs nothing that
+    could fix it (other sources may: the driver deploy checks again after installing)."""
+    if cfg.nvidia_driver_source == "preinstalled" and state["state"] == "packages_differ":
+        return [packages_differ_message(state["reason"])]
+    return []
+
+
 def gpu_column(smi: dict, mem_bytes: int) -> str:
     """'2x NVIDIA H200 140.4 GiB cc9.0'; unified memory ([N/A], GB10) shows the host's RAM instead."""
     gpus = smi.get("gpus") or []
@@ -111,6 +122,8 @@ def driver_column(state: dict) -> str:
     if state["state"] == "not_installed":
         return "-"
     text = f"{state['loaded'] or state['installed']} {state['flavour'] or ''}".strip()
+    if state["state"] == "packages_differ":
+        return f"{text} (PACKAGES DIFFER: {state['reason']})"
     return text if state["state"] in ("ok", "module_only") else f"{text} (REBOOT REQUIRED: {state['reason']})"
 
 
@@ -138,7 +151,8 @@ def preflight():
     res = host.get_fact(NodeResources, model_root=cfg.model_root, snapshot_dir=cfg.snapshot_dir)
     shm_bytes = host.get_fact(MountSizeBytes, path="/dev/shm")
     smi = host.get_fact(NvidiaSmiGpus)
-    state = driver_state(host.get_fact(NvidiaDriverPackages), host.get_fact(NvidiaKernelModule, root=cfg.nvidia_module_root))
+    state = driver_state(host.get_fact(NvidiaDriverPackages), host.get_fact(NvidiaKernelModule, root=cfg.nvidia_module_root),
+                         host.get_fact(KernelPackages))
 
     addresses = host.get_fact(InterfaceAddresses)
     devices = host.get_fact(ExistingPaths, paths=tuple(cfg.container_devices))
@@ -147,7 +161,7 @@ def preflight():
     # before its problems
     run = _RUNS.setdefault(id(host.state), _Run())
     run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes, smi, state)
-    run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, addresses, devices)
+    run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, addresses, devices) + driver_problems(cfg, state)
     active = [h.name for h in host.state.inventory.get_active_hosts()]
     if not set(active) <= set(run.rows):
         return

@@ -17,7 +17,11 @@ from pyinfra.api.exceptions import FactProcessError
 # Driver packages: their versions start with the branch (580.95.05-1, 580.95.05-0ubuntu0.24.04.2).
 # Toolkit packages share the prefixes (nvidia-container-toolkit, libnvidia-container1) but are 1.x.
 DRIVER_PACKAGE = re.compile(r"^(nvidia-|libnvidia-|cuda-drivers|xserver-xorg-video-nvidia)")
-KERNEL_PACKAGE = re.compile(r"^linux-(image|modules|headers)-[0-9]")
+# NVIDIA's precompiled, signed modules for one kernel (linux-modules-nvidia-580-open-6.17.0-1008-nvidia), not
+# the flavour metapackage (linux-modules-nvidia-580-open-nvidia-hwe-24.04): its kernel part starts with a digit.
+MODULES_PACKAGE = re.compile(r"^linux-modules-nvidia-(?P<branch>\d{3})(?:-server)?(?:-open)?-(?P<kernel>\d.*)$")
+# The driver such a package was built for: Ubuntu pins it as `nvidia-kernel-common-580 (>= 580.95.05)` (+ `<=`).
+_KERNEL_COMMON = re.compile(r"^nvidia-kernel-common-\d{3}\s*\(>=\s*(?P<version>[^)\s]+)\s*\)")
 DRIVER_VERSION = re.compile(r"^(?:\d+:)?(?P<branch>\d{3})\.(?P<rest>[\d.]+)")
 USERSPACE_PACKAGES = ("libnvidia-compute", "nvidia-utils", "nvidia-driver", "nvidia-open", "cuda-drivers")
 _MARK = "##inference-nodes:"
@@ -30,12 +34,11 @@ def upstream_version(deb_version: str) -> str | None:
 
 
 class NvidiaDriverPackages(FactBase[dict]):
-    """Installed driver packages (name -> Debian version), kernel packages, and every apt hold.
+    """Installed driver packages (name -> Debian version) and every apt hold (kernel packages: KernelPackages).
 
     .. code:: python
 
         {"installed": {"libnvidia-compute-580": "580.95.05-0ubuntu1", "nvidia-open": "580.95.05-1"},
-         "kernel": {"linux-image-6.8.0-87-generic": "6.8.0-87.88"},
          "held": ["libnvidia-compute-580", "nvidia-open"]}
     """
 
@@ -52,7 +55,6 @@ class NvidiaDriverPackages(FactBase[dict]):
 
     def process(self, output: list[str]) -> dict[str, Any]:
         installed: dict[str, str] = {}
-        kernel: dict[str, str] = {}
         held: list[str] = []
         in_holds = False
         for line in output:
@@ -71,9 +73,88 @@ class NvidiaDriverPackages(FactBase[dict]):
                     continue
                 if DRIVER_PACKAGE.match(name) and upstream_version(version):
                     installed[name] = version
-                elif KERNEL_PACKAGE.match(name):
-                    kernel[name] = version
-        return {"installed": installed, "kernel": kernel, "held": sorted(held)}
+        return {"installed": installed, "held": sorted(held)}
+
+
+def _depends(field: str) -> tuple[list[str], str | None]:
+    """Package names in a Depends field (every alternative) and the driver an NVIDIA modules package pins."""
+    names, driver = [], None
+    for group in field.split(","):
+        for alt in group.split("|"):
+            alt = alt.strip()
+            if not alt:
+                continue
+            names.append(alt.split()[0].split("(")[0].split(":")[0])
+            m = _KERNEL_COMMON.match(alt)
+            if m and driver is None:
+                driver = upstream_version(m["version"])
+    return names, driver
+
+
+class KernelPackages(FactBase[dict]):
+    """The running kernel (`uname -r`) and every installed linux-* package: its version, the packages it
+    depends on, and for an NVIDIA modules package the driver it was built for (else None).
+
+    .. code:: python
+
+        {"running": "6.17.0-1008-nvidia",
+         "packages": {"linux-modules-nvidia-580-open-6.17.0-1008-nvidia": {
+             "version": "6.17.0-1008.8", "depends": ["linux-image-6.17.0-1008-nvidia", "nvidia-kernel-common-580"],
+             "driver": "580.95.05"}}}
+    """
+
+    default = dict
+
+    def command(self) -> str:
+        return (
+            f"echo '{_MARK}running'; uname -r; echo '{_MARK}packages'; "
+            "dpkg-query -W -f='${db:Status-Abbrev}\\t${Package}\\t${Version}\\t${Depends}\\n' 'linux-*' 2>/dev/null || true"
+        )
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        running, packages, section = None, {}, None
+        for line in output:
+            if line.startswith(_MARK):
+                section = line[len(_MARK):].strip()
+            elif section == "running" and line.strip():
+                running = line.strip()
+            elif section == "packages" and line.strip():
+                parts = line.split("\t")
+                if parts[0].strip()[1:2] != "i":  # "un"/"rc": known to dpkg, not installed (empty fields)
+                    continue
+                if len(parts) < 3:
+                    raise FactProcessError(f"KernelPackages: unexpected dpkg-query line {line!r}")
+                name, version = parts[1].strip(), parts[2].strip()
+                depends, driver = _depends(parts[3] if len(parts) > 3 else "")
+                packages[name.split(":")[0]] = {"version": version, "depends": depends,
+                                                "driver": driver if MODULES_PACKAGE.match(name) else None}
+        return {"running": running, "packages": packages}
+
+
+def kernel_hold_set(kernel: dict, release: str) -> list[str]:
+    """What keeps kernel ``release`` in place: every installed linux-* package built for it (the name ends in
+    `-<release>`: image, modules, extra, headers, NVIDIA's precompiled modules) and every linux-* package that
+    depends on one of those, directly or through another (the flavour metapackages, whose upgrade brings the
+    next kernel). Empty when no linux-image of ``release`` is installed."""
+    packages = kernel.get("packages", {})
+    held = {name for name in packages if name.endswith(f"-{release}")}
+    if not any(name.startswith("linux-image-") for name in held):
+        return []
+    grew = True
+    while grew:
+        more = {name for name, p in packages.items() if name not in held and held & set(p["depends"])}
+        held |= more
+        grew = bool(more)
+    return sorted(held)
+
+
+def modules_for(kernel: dict, release: str | None) -> tuple[str, str] | None:
+    """(package, driver version) of NVIDIA's precompiled modules package for kernel ``release``, if installed."""
+    for name, p in sorted(kernel.get("packages", {}).items()):
+        m = MODULES_PACKAGE.match(name)
+        if m and m["kernel"] == release and p["driver"]:
+            return name, p["driver"]
+    return None
 
 
 class NvidiaKernelModule(FactBase[dict]):
@@ -184,16 +265,30 @@ def userspace_version(packages: dict) -> str | None:
     return None
 
 
-def driver_state(packages: dict, module: dict) -> dict[str, Any]:
-    """Compare the installed userspace driver with the loaded kernel module.
+def driver_state(packages: dict, module: dict, kernel: dict | None = None) -> dict[str, Any]:
+    """Compare the installed userspace driver with the loaded kernel module and, where ``kernel`` (the
+    KernelPackages fact) lists NVIDIA's precompiled modules, with the modules package of the running kernel.
 
-    state: ``ok`` (equal), ``reboot_required`` (module missing or different), ``not_installed``,
-    or ``module_only`` (a module is loaded but no driver package is installed: preinstalled drivers
-    outside dpkg, as on some appliances).
+    state: ``ok`` (equal), ``reboot_required`` (module missing or different; a reboot loads the installed
+    one), ``packages_differ`` (the modules package of the running kernel is another driver than userspace,
+    or there is none for it while others are installed: a reboot cannot fix it, the next boot gives an NVRM
+    API mismatch), ``not_installed``, or ``module_only`` (a module is loaded but no driver package is
+    installed: preinstalled drivers outside dpkg, as on some appliances).
     """
     installed = userspace_version(packages)
     loaded = module.get("version")
-    if installed is None and loaded is None:
+    release = (kernel or {}).get("running")
+    modules = modules_for(kernel or {}, release)
+    others = sorted(m["kernel"] for m in map(MODULES_PACKAGE.match, (kernel or {}).get("packages", {})) if m)
+    if installed is not None and modules and modules[1] != installed:
+        state, reason = "packages_differ", (
+            f"{modules[0]} carries module {modules[1]}, userspace driver {installed} is installed"
+            + (f", module {loaded} is loaded" if loaded else ""))
+    elif installed is not None and not modules and not loaded and others:
+        state, reason = "packages_differ", (
+            f"no linux-modules-nvidia package for the running kernel {release} (installed for "
+            f"{', '.join(others)}): no nvidia module can load")
+    elif installed is None and loaded is None:
         state, reason = "not_installed", "no driver package installed and no module loaded"
     elif installed is None:
         state, reason = "module_only", f"module {loaded} loaded, no driver package installed"
@@ -203,4 +298,5 @@ def driver_state(packages: dict, module: dict) -> dict[str, Any]:
         state, reason = "reboot_required", f"module {loaded} loaded, userspace driver {installed} installed"
     else:
         state, reason = "ok", f"module {loaded} = userspace {installed}"
-    return {"state": state, "installed": installed, "loaded": loaded, "flavour": module.get("flavour"), "reason": reason}
+    return {"state": state, "installed": installed, "loaded": loaded, "modules": modules[1] if modules else None,
+            "flavour": module.get("flavour"), "reason": reason}

@@ -48,8 +48,10 @@ class NvidiaDriverKeys(ComponentKeys):
         "and reported)",
     )
     nvidia_kernel_hold: str | None = _key(
-        None, description="kernel release to hold (`uname -r` form, e.g. `6.17.0-1031-nvidia`; GB10 nodes)",
-        pattern=r"^[0-9][0-9A-Za-z.+~-]*$",
+        None, description="kernel to hold with the driver: `running` (the one the node runs) or a release "
+        "(`uname -r` form, e.g. `6.17.0-1031-nvidia`); its image/modules/headers, NVIDIA's precompiled modules "
+        "package for it and the metapackages that would bring the next kernel (GB10 profiles: `running`)",
+        pattern=r"^(running|[0-9][0-9A-Za-z.+~-]*)$",
     )
     nvidia_module_root: AbsPath = _key(
         "/", description="where `sys/module/nvidia` and `proc/driver/nvidia` are read (`/`; the sandbox's stand-in differs)"

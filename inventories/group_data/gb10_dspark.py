@@ -10,6 +10,13 @@ node_arch = "aarch64"
 gpu_indices = [0]
 tensor_parallel_size = 2
 
+# DGX OS ships the driver: `nvidia-driver-580-open` with NVIDIA's signed, precompiled modules package
+# `linux-modules-nvidia-580-open-<kernel>` (only the open modules work on GB10). Nothing is installed; the
+# running kernel, its modules package and the userspace driver are held together (upgrading one without the
+# others gives an NVRM API mismatch), and a node where they already differ is refused before any change.
+nvidia_driver_source = "preinstalled"
+nvidia_kernel_hold = "running"
+
 model_repo = "deepseek-ai/DeepSeek-V4-Flash-0731"
 model_revision = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
 # The write-up only says "the same local path on both nodes"; this path is the toolkit's default.

@@ -18,6 +18,13 @@ profile_gaps = {
     "image_digest": "seed 003 gives no digest for the image",
 }
 
+# DGX OS ships the driver: `nvidia-driver-580-open` with NVIDIA's signed, precompiled modules package
+# `linux-modules-nvidia-580-open-<kernel>` (only the open modules work on GB10). Nothing is installed; the
+# running kernel, its modules package and the userspace driver are held together (upgrading one without the
+# others gives an NVRM API mismatch), and a node where they already differ is refused before any change.
+nvidia_driver_source = "preinstalled"
+nvidia_kernel_hold = "running"
+
 model_repo = "deepseek-ai/DeepSeek-V4-Flash-0731"
 model_root = "/srv/models/DeepSeek-V4-Flash-0731"
 model_layout = "plain"

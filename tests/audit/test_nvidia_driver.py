@@ -45,6 +45,19 @@ def test_driver_packages_held(node):
     assert missing == [], f"not held: {missing}"
 
 
+def test_kernel_held_with_its_nvidia_modules(node):
+    hold = node.cfg.nvidia_kernel_hold
+    if not hold:
+        pytest.skip("nvidia_kernel_hold unset: the kernel may move")
+    release = node.host.check_output("uname -r").strip() if hold == "running" else hold
+    held = set(node.host.check_output("apt-mark showhold").split())
+    installed = node.host.check_output(
+        f"dpkg-query -W -f='${{db:Status-Abbrev}} ${{Package}}\\n' 'linux-*-{release}' 2>/dev/null || true")
+    built_for = {line.split()[1] for line in installed.splitlines() if line[1:2] == "i"}
+    assert f"linux-image-{release}" in built_for, f"no linux-image-{release} installed"
+    assert sorted(built_for - held) == [], f"kernel {release}: not held"
+
+
 def test_other_branches_are_not_candidates(node):
     branch = node.cfg.nvidia_driver_branch
     assert node.host.file(PIN_FILE).contains(f"^Pin: version {branch}\\.\\*$")

@@ -41,8 +41,8 @@ def sandbox():
     if not reuse:  # fresh nodes: a leftover `make demo` node is not (SANDBOX_REUSE=1 keeps a demo, for debugging)
         subprocess.run([NODE_SH, "down-all"], check=False)
     try:
-        for name, port, gpus, fabric in nodes:
-            subprocess.run([NODE_SH, "up", name, str(port), str(gpus), fabric], check=True)
+        for name, port, gpus, fabric, driver in nodes:
+            subprocess.run([NODE_SH, "up", name, str(port), str(gpus), fabric, driver], check=True)
         subprocess.run([sys.executable, "-m", "tests.sandbox.nodes", "--manifests"], check=True)
         yield [name for name, *_ in nodes]
     finally:

@@ -1,10 +1,17 @@
 """The driver on sandbox nodes: the pin really holds 580 against 590, a 590 node is refused, and
-allow_driver_change moves it to 580 (reboot included) and leaves it converged.
+allow_driver_change moves it to 580 (reboot included) and leaves it converged; on the DGX OS nodes (GB10
+profiles, the driver preinstalled by tests/sandbox/node.sh) the running kernel, its NVIDIA modules package and
+the userspace driver are held, and userspace upgraded without its modules package is refused. A follow-up
+step that failed once (systemd's re-exec) is completed by the next run.
 
-Runs after test_10_converge.py (pytest orders modules by name) on the same session nodes.
+The first two tests run after test_10_converge.py (pytest orders modules by name) on the same session nodes;
+the others converge what they need themselves (`-k` selects them alone).
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra, wait_serving
 
@@ -41,7 +48,7 @@ def _install_590_and_reboot(node: str):
 
 
 def test_node_on_590_is_refused_then_moved_with_allow_driver_change(sandbox):
-    node = sandbox[-1]
+    node = "sandbox-a"  # deployment A installs from the (stand-in) CUDA repo; GB10's driver is preinstalled
     _install_590_and_reboot(node)
 
     refused = pyinfra(INVENTORY, "deploys/all.py", "--limit", node, check=False)
@@ -57,10 +64,92 @@ def test_node_on_590_is_refused_then_moved_with_allow_driver_change(sandbox):
     assert on_node(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split() == ["580.95.05"]
     assert on_node(node, "dpkg -l | grep -c 'ii  nvidia-driver-pinning-590'").stdout.strip() == "0"
 
-    # sandbox-b1 rebooted alone (twice): its worker cannot join the head's running job. The job probes
-    # restart both in time; here the pair is re-formed at once, as an admin would (worker, then head).
-    for n in ("sandbox-b1", "sandbox-b0"):
-        assert on_node(n, "systemctl restart inference.service").returncode == 0
-    wait_serving(sandbox)
+    wait_serving([node])  # a one-node cluster: its service came back with the reboots
     again = pyinfra("--json", INVENTORY, "deploys/all.py")
     assert changed_operations(again) == []
+
+
+DGX = "sandbox-b0"
+DRIVER = "deploys.nvidia_driver.nvidia_driver"
+
+
+def _ok(node: str, command: str) -> str:
+    proc = on_node(node, command)
+    assert proc.returncode == 0, f"{command}: {proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+def _moves(sim: str) -> list[str]:
+    """Driver and kernel packages an upgrade would install or remove (the distribution's own updates aside)."""
+    return [line for line in sim.splitlines() if line.startswith(("Inst ", "Remv "))
+            and line.split()[1].startswith(("nvidia-", "libnvidia-", "linux-"))]
+
+
+def test_preinstalled_driver_is_held_with_the_running_kernel_and_its_modules_package(sandbox):
+    kernel = _ok(DGX, "uname -r").strip()
+    pyinfra(INVENTORY, DRIVER, "--limit", DGX)
+    held = set(_ok(DGX, "apt-mark showhold").split())
+    assert {"nvidia-driver-580-open", "libnvidia-compute-580", "nvidia-utils-580", "nvidia-kernel-common-580",
+            f"linux-image-{kernel}", f"linux-modules-nvidia-580-open-{kernel}", "linux-image-nvidia-hwe-24.04",
+            "linux-modules-nvidia-580-open-nvidia-hwe-24.04"} <= held, held
+    _ok(DGX, "apt-get update -qq")  # the node's own (DGX OS stand-in) repo offers 580.126.09 and a next kernel
+    assert _moves(_sim(DGX, "")) == []
+    free = _moves(_sim(DGX, "--ignore-hold"))  # without the holds both would move: the check above is not vacuous
+    assert any(line.startswith("Inst linux-image-9.9.9-9999-standin ") for line in free), free
+    assert any(line.startswith("Inst libnvidia-compute-580 [580.95.05-0ubuntu1] (580.126.09-0ubuntu1") for line in free), free
+    assert changed_operations(pyinfra("--json", INVENTORY, DRIVER, "--limit", DGX)) == []
+    audit = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/audit/test_nvidia_driver.py", "--inventory",
+                            INVENTORY, "--limit", DGX, "-rA", "-k", "held or alone or unattended or loaded"],
+                           capture_output=True, text=True, timeout=300)
+    assert audit.returncode == 0, audit.stdout[-3000:]
+    assert f"PASSED tests/audit/test_nvidia_driver.py::test_kernel_held_with_its_nvidia_modules[{DGX}]" in audit.stdout
+
+
+def test_userspace_upgraded_without_its_modules_package_is_refused_naming_the_versions(sandbox):
+    kernel = _ok(DGX, "uname -r").strip()
+    _ok(DGX, "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --allow-change-held-packages "
+             "libnvidia-compute-580=580.126.09-0ubuntu1 >/dev/null")
+    try:
+        why = (f"DRIVER PACKAGES DIFFER (linux-modules-nvidia-580-open-{kernel} carries module 580.95.05, userspace "
+               "driver 580.126.09 is installed, module 580.95.05 is loaded)")
+        pre = pyinfra(INVENTORY, "deploys.preflight.preflight", "--limit", DGX, check=False)
+        assert pre.returncode == 1
+        assert f"host {DGX}: {why}" in pre.stderr and "nothing was changed on any host" in pre.stderr
+        driver = pyinfra(INVENTORY, DRIVER, "--limit", DGX, check=False)
+        assert driver.returncode == 1 and f"{DGX}: {why}" in driver.stderr
+    finally:
+        _ok(DGX, "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --allow-downgrades --allow-change-held-packages "
+                 "libnvidia-compute-580=580.95.05-0ubuntu1 >/dev/null")
+    pyinfra(INVENTORY, DRIVER, "--limit", DGX)
+
+
+DEFAULTS_FILE = "/etc/systemd/system.conf.d/90-inference-nodes.conf"
+TUNING = "deploys.host_tuning.host_tuning"
+REEXEC = "Host tuning | Re-execute systemd so the new default limits apply"
+FAILING_REEXEC = ('#!/bin/sh\n[ "$1" = daemon-reexec ] && { echo "daemon-reexec refused (test)" >&2; exit 1; }\n'
+                  'exec /usr/bin/systemctl "$@"\n')
+
+
+def test_a_follow_up_that_failed_after_the_write_is_completed_by_the_next_run(sandbox):
+    """The real Ubuntu host's case: the defaults file was written, `systemctl daemon-reexec` failed, and every
+    later run said "No change". Decided from the follow-up's stamp, the next run re-executes systemd."""
+    node = "sandbox-b1"
+    nofile = "systemctl show -p DefaultLimitNOFILE --value"
+    pyinfra(INVENTORY, TUNING, "--limit", node)
+    want = _ok(node, nofile).strip()
+    # an older defaults file, applied; then a daemon-reexec that fails (first in root's PATH on the node)
+    _ok(node, f"sed -i 's/^DefaultLimitNOFILE=.*/DefaultLimitNOFILE=4096/' {DEFAULTS_FILE} && systemctl daemon-reexec")
+    assert _ok(node, nofile).strip() == "4096" != want
+    _ok(node, f"printf '{FAILING_REEXEC}' > /usr/local/sbin/systemctl && chmod 755 /usr/local/sbin/systemctl")
+    try:
+        assert _ok(node, "command -v systemctl").strip() == "/usr/local/sbin/systemctl"
+        failed = pyinfra(INVENTORY, TUNING, "--limit", node, check=False)
+    finally:
+        _ok(node, "rm -f /usr/local/sbin/systemctl")
+    assert failed.returncode != 0 and "daemon-reexec refused (test)" in failed.stderr
+    assert f"DefaultLimitNOFILE={want}" in _ok(node, f"cat {DEFAULTS_FILE}")  # written ...
+    assert _ok(node, nofile).strip() == "4096"                                  # ... not applied
+    changed = changed_operations(pyinfra("--json", INVENTORY, TUNING, "--limit", node))
+    assert changed == [(REEXEC, [node])], changed
+    assert _ok(node, nofile).strip() == want
+    assert changed_operations(pyinfra("--json", INVENTORY, TUNING, "--limit", node)) == []

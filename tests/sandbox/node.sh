@@ -5,10 +5,11 @@
 #   node.sh deps                  install the host packages the harness needs (and keep Debian's
 #                                 docker-registry service off: the harness runs its own on 127.0.0.1)
 #   node.sh build                 build (or reuse) the cached rootfs tarball
-#   node.sh up NAME PORT [GPUS] [FABRIC_ADDR]
+#   node.sh up NAME PORT [GPUS] [FABRIC_ADDR] [DRIVER]
 #                                 boot a fresh node from the tarball (idempotent while it runs); GPUS =
 #                                 how many stand-in GPUs its stand-in nvidia-smi lists (default 1);
-#                                 FABRIC_ADDR: give it a stand-in RoCE sysfs tree carrying that address
+#                                 FABRIC_ADDR: give it a stand-in RoCE sysfs tree carrying that address ('-': none);
+#                                 DRIVER preinstalled: a DGX OS node, its driver preinstalled (dgx_os_node)
 #   node.sh standins              build the signed stand-in NVIDIA apt repo and serve it on 127.0.0.1:8801
 #   node.sh vllm-image            build (or reuse) the real-vLLM (CPU) service image and its shared read-only
 #                                 image store (tests/sandbox/vllm_image.sh; up does this too); prints the digest
@@ -196,6 +197,59 @@ standins() {
   fi
 }
 
+# --- a DGX OS node's preinstalled driver (GB10 profiles: nvidia_driver_source preinstalled) ---------------
+# What DGX OS ships, as stand-ins: nvidia-driver-580-open with its userspace, and NVIDIA's precompiled modules
+# package for the running kernel (linux-modules-nvidia-580-open-<uname -r>, which "loads" through the stand-in
+# module unit) with the flavour metapackages, installed before the first boot. The node's own apt repo (DGX OS
+# has one; a file: repo here) offers the next userspace release and a next kernel, so a hold that does not
+# hold shows as an upgrade.
+DGX_STANDINS_VERSION=1      # bump when the DGX OS stand-ins change
+DGX_NEXT_KERNEL=9.9.9-9999-standin
+dgx_standins() {  # prints the directory of the stand-in DGX OS repo (built once per version and kernel)
+  local k dir w v u
+  k=$(uname -r); dir=$SANDBOX_DIR/cache/standin-dgx-$DGX_STANDINS_VERSION-$k
+  if [ ! -s "$dir/Release" ]; then
+    rm -rf "$dir"; w=$(mktemp -d); mkdir -p "$w/out"
+    for v in 580.95.05-0ubuntu1 580.126.09-0ubuntu1; do
+      u=${v%-*}
+      mkdeb "$w" libnvidia-compute-580 "$v" "" "/usr/lib/stand-in-nvidia/libcuda.so.$u" "stand-in libcuda $u"
+      mkdeb "$w" nvidia-utils-580 "$v" "" /usr/bin/nvidia-smi "${SMI//@VERSION@/$u}"
+      mkdeb "$w" nvidia-kernel-common-580 "$v" ""
+      mkdeb "$w" nvidia-driver-580-open "$v" \
+        "libnvidia-compute-580, nvidia-utils-580, nvidia-kernel-common-580, linux-modules-nvidia-580-open-nvidia-hwe-24.04"
+    done
+    mkdeb "$w" "linux-image-$k" 1.0-1 ""
+    mkdeb "$w" "linux-modules-nvidia-580-open-$k" 1.0-1 \
+      "linux-image-$k, nvidia-kernel-common-580 (<= 580.95.05-1), nvidia-kernel-common-580 (>= 580.95.05)" \
+      /usr/lib/stand-in-nvidia/module-version 580.95.05
+    mkdeb "$w" linux-image-nvidia-hwe-24.04 1.0-1 "linux-image-$k"
+    mkdeb "$w" linux-modules-nvidia-580-open-nvidia-hwe-24.04 1.0-1 "linux-modules-nvidia-580-open-$k"
+    mkdeb "$w" "linux-image-$DGX_NEXT_KERNEL" 2.0-1 ""
+    mkdeb "$w" "linux-modules-nvidia-580-open-$DGX_NEXT_KERNEL" 2.0-1 \
+      "linux-image-$DGX_NEXT_KERNEL, nvidia-kernel-common-580 (<= 580.126.09-1), nvidia-kernel-common-580 (>= 580.126.09)"
+    mkdeb "$w" linux-image-nvidia-hwe-24.04 2.0-1 "linux-image-$DGX_NEXT_KERNEL"
+    mkdeb "$w" linux-modules-nvidia-580-open-nvidia-hwe-24.04 2.0-1 "linux-modules-nvidia-580-open-$DGX_NEXT_KERNEL"
+    mkdir -p "$dir.tmp"; cp "$w"/out/*.deb "$dir.tmp/"; rm -rf "$w"
+    (cd "$dir.tmp" && dpkg-scanpackages --multiversion . /dev/null > Packages 2>/dev/null && apt-ftparchive release . > Release)
+    mv "$dir.tmp" "$dir"
+  fi
+  echo "$dir"
+}
+
+dgx_os_node() {  # ROOT: the DGX OS driver preinstalled into a node's rootfs, before its first boot
+  local root=$1 dir k
+  dir=$(dgx_standins); k=$(uname -r)
+  mkdir -p "$root/var/lib/standin-dgx-repo"; cp "$dir"/* "$root/var/lib/standin-dgx-repo/"
+  # harness-only: the image's own repo is trusted as DGX OS trusts its repo (the deploy adds no source here)
+  printf 'Types: deb\nURIs: file:/var/lib/standin-dgx-repo/\nSuites: /\nTrusted: yes\n' \
+    > "$root/etc/apt/sources.list.d/standin-dgx-os.sources"
+  local r=/var/lib/standin-dgx-repo v=580.95.05-0ubuntu1
+  chroot "$root" dpkg -i "$r/nvidia-driver-580-open_${v}_all.deb" "$r/libnvidia-compute-580_${v}_all.deb" \
+    "$r/nvidia-utils-580_${v}_all.deb" "$r/nvidia-kernel-common-580_${v}_all.deb" "$r/linux-image-${k}_1.0-1_all.deb" \
+    "$r/linux-modules-nvidia-580-open-${k}_1.0-1_all.deb" "$r/linux-image-nvidia-hwe-24.04_1.0-1_all.deb" \
+    "$r/linux-modules-nvidia-580-open-nvidia-hwe-24.04_1.0-1_all.deb" >/dev/null
+}
+
 # A registry on 127.0.0.1:5000 (Debian's docker-registry, no auth, loopback only) holding the vLLM image
 # under each profile's production name (vllm_image.sh pushes it); nodes reach it through their
 # registries.conf.d mirror entries.
@@ -305,7 +359,7 @@ CFG
 running() { local pid; pid=$(cat "$SANDBOX_DIR/run/$1/pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null; }
 
 up() {
-  local name=$1 port=$2 gpus=${3:-1} fabric=${4:--} run=$SANDBOX_DIR/run/$1 root=$SANDBOX_DIR/nodes/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
+  local name=$1 port=$2 gpus=${3:-1} fabric=${4:--} driver=${5:--} run=$SANDBOX_DIR/run/$1 root=$SANDBOX_DIR/nodes/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
   if running "$name"; then log "$name already running"; return; fi
   deps; build; sshkey; standins; registry; vllm_image; hub
   rm -rf "$root" "$run"; mkdir -p "$root" "$run"
@@ -332,6 +386,7 @@ ExecStart=/bin/sh -c 'v=$(cat /usr/lib/stand-in-nvidia/module-version 2>/dev/nul
 WantedBy=multi-user.target
 UNIT
   ln -sf /etc/systemd/system/stand-in-nvidia-module.service "$root/etc/systemd/system/multi-user.target.wants/"
+  if [ "$driver" = preinstalled ]; then dgx_os_node "$root"; fi
   # Stand-in RoCE sysfs: the fabric address's RoCE v2 GID sits at an index that differs between nodes
   # (as on real pairs), among v1 and link-local entries.
   if [ "$fabric" != - ]; then
@@ -406,11 +461,12 @@ down_all() { local d; for d in "$SANDBOX_DIR"/run/*/; do [ -d "$d" ] && down "$(
 case ${1:-} in
   deps) deps ;;
   build) deps; build ;;
-  up) [ $# -ge 3 ] || { echo "usage: $0 up NAME PORT [GPUS] [FABRIC_ADDR]" >&2; exit 2; }; up "$2" "$3" "${4:-1}" "${5:--}" ;;
+  up) [ $# -ge 3 ] || { echo "usage: $0 up NAME PORT [GPUS] [FABRIC_ADDR] [DRIVER]" >&2; exit 2; }
+      up "$2" "$3" "${4:-1}" "${5:--}" "${6:--}" ;;
   standins) deps; standins ;;
   vllm-image) deps; build; registry; vllm_image; cat "$VLLM_STORE/digest" ;;
   down) [ $# -eq 2 ] || { echo "usage: $0 down NAME" >&2; exit 2; }; down "$2" ;;
   down-all) down_all ;;
   ssh) shift; name=$1; shift; exec ssh -F "$SSHCFG" "$name" "$@" ;;
-  *) echo "usage: $0 deps|build|standins|vllm-image|up NAME PORT [GPUS]|down NAME|down-all|ssh NAME [cmd]" >&2; exit 2 ;;
+  *) echo "usage: $0 deps|build|standins|vllm-image|up NAME PORT [GPUS] [FABRIC] [DRIVER]|down NAME|down-all|ssh NAME [cmd]" >&2; exit 2 ;;
 esac

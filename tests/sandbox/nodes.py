@@ -1,4 +1,5 @@
-"""The sandbox nodes an inventory names, as `name port gpus` lines (for node.sh, the Makefile and the tests)."""
+"""The sandbox nodes an inventory names, as `name port gpus fabric driver` lines (for node.sh, the Makefile and
+the tests)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import sys
 from deploys.inventory import inventory_configs, load_inventory
 
 
-def sandbox_nodes(inventory_file: str = "inventories/sandbox.py") -> list[tuple[str, int, int, str]]:
-    """(name, ssh port, stand-in GPU count = the node's gpu_indices, fabric address or '-') for every host."""
+def sandbox_nodes(inventory_file: str = "inventories/sandbox.py") -> list[tuple[str, int, int, str, str]]:
+    """(name, ssh port, stand-in GPU count = the node's gpu_indices, fabric address or '-', `preinstalled` for a
+    DGX OS node whose driver node.sh preinstalls, else '-') for every host."""
     inventory = load_inventory(inventory_file)
     configs = inventory_configs(inventory)
     return [(h.name, int(h.data.ssh_port), max(configs[h.name].gpu_indices) + 1,
-             configs[h.name].fabric_address or "-") for h in inventory]
+             configs[h.name].fabric_address or "-",
+             "preinstalled" if configs[h.name].nvidia_driver_source == "preinstalled" else "-") for h in inventory]
 
 
 def generate_manifests(inventory_file: str = "inventories/sandbox.py", endpoint: str = "http://127.0.0.1:8802"):
@@ -42,5 +45,5 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--manifests"]:
         generate_manifests(*sys.argv[2:])
     else:
-        for name, port, gpus, fabric in sandbox_nodes(*sys.argv[1:]):
-            print(name, port, gpus, fabric)
+        for node in sandbox_nodes(*sys.argv[1:]):
+            print(*node)

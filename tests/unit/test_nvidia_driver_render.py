@@ -46,3 +46,16 @@ def test_cuda_repo_path_and_source():
 def test_unattended_blacklist_adds_the_kernel_only_when_held():
     assert '"linux-";' not in render_unattended_blacklist(NvidiaDriverKeys())
     assert '"linux-";' in render_unattended_blacklist(NvidiaDriverKeys(nvidia_kernel_hold="6.17.0-1031-nvidia"))
+
+
+def test_an_arm64_cuda_repo_profile_renders_the_sbsa_source():
+    from deploys.render import host_files
+    from deploys.schema import NodeConfig
+
+    cfg = NodeConfig.model_validate({
+        "cluster_name": "x", "node_arch": "aarch64", "gpu_indices": [0], "tensor_parallel_size": 1,
+        "model_repo": "a/b", "model_revision": "0" * 40, "model_root": "/m", "image": "i", "allow_unpinned_image": True,
+        "nvidia_driver_source": "cuda_repo",
+    })
+    source = host_files(cfg, cfg, 1, [cfg])["/etc/apt/sources.list.d/inference-nodes-nvidia-cuda.sources"]
+    assert "URIs: https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/sbsa/\n" in source

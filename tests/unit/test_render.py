@@ -32,8 +32,11 @@ def test_whole_lab_inventory_renders(tmp_path):
     argv = shlex.split(dict(dict(unit_sections(unit))["Container"])["Exec"])
     for flag in ("--tensor-parallel-size", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"):
         assert flag in argv, flag
-    arm = (tmp_path / "gb10-b0.lab.example/etc/apt/sources.list.d/inference-nodes-nvidia-cuda.sources").read_text()
-    assert "/ubuntu2404/sbsa/" in arm  # arm64 takes NVIDIA's sbsa path
+    # GB10 runs DGX OS's preinstalled driver: no CUDA repo there (the arm64 `sbsa` path of a profile that does
+    # install from it: tests/unit/test_nvidia_driver_render.py)
+    source = "etc/apt/sources.list.d/inference-nodes-nvidia-cuda.sources"
+    assert not os.path.exists(tmp_path / "gb10-b0.lab.example" / source)
+    assert "/ubuntu2404/x86_64/" in (tmp_path / "rtx-pro-a.lab.example" / source).read_text()
 
 
 def test_limit_renders_one_host_and_refuses_an_unknown_one(tmp_path):
