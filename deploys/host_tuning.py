@@ -28,8 +28,7 @@ HEADER = "# Managed by inference-nodes (deploys/host_tuning.py); local edits are
 
 def render_limits(cfg: NodeConfig) -> str:
     """limits.d lines for every user and for root (pam_limits' `*` does not match root)."""
-    memlock = "unlimited" if cfg.limits_memlock == "unlimited" else str(int(cfg.limits_memlock) // 1024)
-    values = {"memlock": memlock, "nofile": str(cfg.limits_nofile), "stack": str(cfg.limits_stack // 1024)}
+    values = {"memlock": cfg.memlock_limits_d, "nofile": str(cfg.limits_nofile), "stack": str(cfg.limits_stack // 1024)}
     lines = [HEADER, "# memlock and stack are in KiB here (systemd uses bytes).\n"]
     for domain in ("*", "root"):
         for item, value in values.items():
@@ -39,10 +38,9 @@ def render_limits(cfg: NodeConfig) -> str:
 
 
 def render_systemd_defaults(cfg: NodeConfig) -> str:
-    memlock = "infinity" if cfg.limits_memlock == "unlimited" else str(cfg.limits_memlock)
     return (
         f"{HEADER}[Manager]\n"
-        f"DefaultLimitMEMLOCK={memlock}\n"
+        f"DefaultLimitMEMLOCK={cfg.memlock_systemd}\n"
         f"DefaultLimitNOFILE={cfg.limits_nofile}\n"
         f"DefaultLimitSTACK={cfg.limits_stack}\n"
     )

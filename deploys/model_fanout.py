@@ -288,7 +288,7 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str, 
         sudo = {"_sudo": True} if host.data.get("_sudo") else {}
         password = f"{SEED_DIR}/password-{hashlib.sha256(source.encode()).hexdigest()[:16]}"  # no name in a path
         url = f"rsync://{SEED_USER}@{f'[{address}]' if ':' in address else address}:{port}/model/"
-        dest = cfg.model_dir if cfg.model_layout == "hf_cache" else cfg.model_root
+        dest = cfg.model_dir
         snapshot = f"snapshots/{cfg.model_revision}" if cfg.model_layout == "hf_cache" else ""
         unit = f"{PULL_UNIT}-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
         # the guard first: should the run die before the pull unit starts, the password goes after a while

@@ -313,7 +313,7 @@ def model_snapshot():
             name=f"Sync and verify the model snapshot{of}",
             mode=cfg.model_sync_mode,
             snapshot_dir=cfg.snapshot_dir,
-            dest_dir=cfg.model_dir if cfg.model_layout == "hf_cache" else cfg.model_root,
+            dest_dir=cfg.model_dir,
             wave=wave,
             assignment=plan.get(host.name),
         )

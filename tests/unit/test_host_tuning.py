@@ -34,6 +34,16 @@ def test_finite_memlock_is_converted_per_file():
     assert "DefaultLimitMEMLOCK=1073741824\n" in render_systemd_defaults(c)
 
 
+@pytest.mark.parametrize("memlock, limits_d, systemd, podman", [
+    ("unlimited", "unlimited", "infinity", "-1"),
+    (2**30, str(2**20), str(2**30), str(2**30)),
+    (65536 + 1023, "64", "66559", "66559"),  # limits.d rounds down to whole KiB
+])
+def test_memlock_in_each_readers_form(memlock, limits_d, systemd, podman):
+    c = cfg(limits_memlock=memlock)
+    assert (c.memlock_limits_d, c.memlock_systemd, c.memlock_podman) == (limits_d, systemd, podman)
+
+
 def test_systemd_defaults_in_bytes():
     text = render_systemd_defaults(cfg())
     assert "[Manager]\nDefaultLimitMEMLOCK=infinity\nDefaultLimitNOFILE=1048576\nDefaultLimitSTACK=67108864\n" in text
