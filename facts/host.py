@@ -8,6 +8,8 @@ from typing import Any
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from facts.containers import podman_version
+
 # Shared by two facts: move $p up to its nearest existing parent (the model path may not exist yet), and
 # the bytes available there.
 _NEAREST = 'while [ ! -e "$p" ]; do p=$(dirname "$p"); done'
@@ -33,7 +35,7 @@ echo "disk_path=$p"
 echo "disk_free_bytes=$({avail})"
 if [ -e {snapshot_dir} ]; then echo "model_present_bytes=$(du -sbL {snapshot_dir} 2>/dev/null | cut -f1)"; else echo "model_present_bytes=0"; fi
 echo "rdma=$(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' ')"
-if command -v podman >/dev/null 2>&1; then echo "podman=$(podman --version 2>/dev/null | awk '{print $NF}')"; else echo "podman="; fi
+if command -v podman >/dev/null 2>&1; then echo "podman=$(podman --version 2>/dev/null)"; else echo "podman="; fi
 """
 
 _INT_KEYS = ("cpus", "mem_bytes", "disk_free_bytes", "model_present_bytes")
@@ -72,7 +74,7 @@ class NodeResources(FactBase[dict]):
         except ValueError as e:
             raise FactProcessError(f"NodeResources: {e}") from e
         values["rdma"] = values.get("rdma", "").split()
-        values["podman"] = values.get("podman") or None
+        values["podman"] = podman_version(values.get("podman", ""))
         values["dgx_os"] = values.get("dgx_os") or None
         return values
 
