@@ -11,11 +11,10 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
-from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files, server
 
 from deploys.inventory import node_config
-from deploys.ops import atomic_put
+from deploys.ops import atomic_put, fail_host
 from deploys.schema import NodeConfig
 from deploys.unit_text import env_file_line
 from facts.host import MountSizeBytes
@@ -65,35 +64,37 @@ def shm_problem(shm_bytes: int, need_bytes: int, reason: str) -> str | None:
     )
 
 
-def shm_reason(cfg: NodeConfig) -> str:
-    return f"kv_offload_gib {cfg.kv_offload_gib:g} + shm_headroom_gib {cfg.shm_headroom_gib:g}"
+def host_shm_problem(cfg: NodeConfig, shm_bytes: int) -> str | None:
+    """The one /dev/shm check of a node (preflight refuses the run with it, host tuning fails the host): why
+    the host's /dev/shm of ``shm_bytes`` cannot hold what the container needs, or None. Only with --ipc=host is
+    the host's the container's; otherwise it gets ShmSize=, which validation checked."""
+    if not cfg.container_ipc_host:
+        return None
+    reason = f"kv_offload_gib {cfg.kv_offload_gib:g} + shm_headroom_gib {cfg.shm_headroom_gib:g}"
+    return shm_problem(shm_bytes, cfg.shm_required_bytes, reason)
 
 
 @operation()
-def shm_large_enough(min_bytes: int, reason: str):
-    """Fail the host when /dev/shm is smaller than ``min_bytes``; changes nothing.
-
-    + min_bytes: smallest acceptable /dev/shm size
-    + reason: what needs it, for the message
-    """
+def host_shm_large_enough():
+    """Fail this host alone when its /dev/shm cannot hold what the container needs (:func:`host_shm_problem`);
+    changes nothing."""
+    cfg = node_config()
+    if not cfg.container_ipc_host:
+        host.noop(f"the container gets a /dev/shm of its own (ShmSize={cfg.shm_size_rendered})")
+        return
     size = host.get_fact(MountSizeBytes, path="/dev/shm")
-    problem = shm_problem(size, min_bytes, reason)
+    problem = host_shm_problem(cfg, size)
     if problem:
-        raise OperationError(problem)
-    host.noop(f"/dev/shm is {size / 2**30:.1f} GiB (>= {min_bytes / 2**30:.1f} GiB)")
-    yield from ()
+        yield fail_host(f"{host.name}: {problem}")
+        return
+    host.noop(f"/dev/shm is {size / 2**30:.1f} GiB (>= {cfg.shm_required_bytes / 2**30:.1f} GiB)")
 
 
 @deploy("Host tuning")
 def host_tuning():
     cfg = node_config()
     batch = (LIMITS_FILE, SYSTEMD_DEFAULTS_FILE, cfg.fabric_env_file)  # read in one round trip
-    if cfg.container_shm_bytes is None:  # --ipc=host: the container uses the host's /dev/shm
-        shm_large_enough(
-            name="Check /dev/shm holds the KV offload",
-            min_bytes=cfg.shm_required_bytes,
-            reason=shm_reason(cfg),
-        )
+    host_shm_large_enough(name="Check /dev/shm holds the KV offload")
     atomic_put(
         batch=batch,
         name="Set memlock/nofile/stack limits for logins (limits.d)",

@@ -14,7 +14,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 
-from deploys.host_tuning import shm_problem, shm_reason
+from deploys.host_tuning import host_shm_problem
 from deploys.inventory import node_config
 from deploys.schema import NodeConfig
 from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources
@@ -87,8 +87,7 @@ def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = 
             f"too little disk for the model at {cfg.model_root}: {res['disk_free_bytes']} bytes free at "
             f"{res['disk_path']}, {need} bytes still needed (model_size_gb {cfg.model_size_gb:g})"
         )
-    # the host's /dev/shm is the container's only with --ipc=host; otherwise validation checked ShmSize=
-    shm = shm_problem(shm_bytes, cfg.shm_required_bytes, shm_reason(cfg)) if cfg.container_shm_bytes is None else None
+    shm = host_shm_problem(cfg, shm_bytes)
     if shm:
         out.append(shm)
     return out
