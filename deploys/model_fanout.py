@@ -28,17 +28,16 @@ import ipaddress
 import re
 import secrets
 import uuid
-import weakref
 from dataclasses import dataclass, field
 from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
-from pyinfra.context import ctx_state
 from pyinfra.facts.server import Command
 
 from deploys.inventory import inventory_configs, node_config
 from deploys.ops import fail_host, upload_private
+from deploys.run_state import kept, this_run
 from deploys.schema import NodeConfig
 
 SEED_UNIT = "inference-nodes-model-seed"
@@ -102,19 +101,18 @@ class _Run:
         return self.secrets.setdefault(server, secrets.token_urlsafe(32))
 
 
-_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _run(state=None) -> _Run:
-    # pyinfra's `state` is a context proxy (the same object in every run): key on the State itself
-    state = state if state is not None else ctx_state.get()
-    if state not in _runs:
+    """This run's fan-out (deploys/run_state.py), planned for the hosts it connected."""
+    state = state if state is not None else this_run()
+
+    def planned() -> _Run:
         configs = inventory_configs(state.inventory)
         running = [(h.name, configs[h.name]) for h in state.inventory
                    if h in state.activated_hosts and state.is_host_in_limit(h)]
         plan = fanout_plan(running)
-        _runs[state] = _Run(1 + max((a.wave for a in plan.values()), default=0), plan)
-    return _runs[state]
+        return _Run(1 + max((a.wave for a in plan.values()), default=0), plan)
+
+    return kept(state, "model fan-out", planned)
 
 
 def run_plan() -> tuple[int, dict[str, Assignment]]:
@@ -132,7 +130,7 @@ def recorded_verdict(name: str) -> dict | None:
 
 
 def run_host(name: str):
-    return ctx_state.get().inventory.get_host(name)
+    return this_run().inventory.get_host(name)
 
 
 def peer_endpoint(peer) -> tuple[str, int]:

@@ -29,6 +29,7 @@ from deploys import hub_lock, model_fanout
 from deploys.apt_state import apt_lists_updated
 from deploys.inventory import node_config, ssh_options
 from deploys.ops import atomic_put, fail_host, refuse, secret_file
+from deploys.run_state import kept
 from deploys.schema import NodeConfig
 from facts.host import FreeBytes
 from files.model_snapshot.peer_pull import balanced, parallel_rsync  # the same streams on both sides
@@ -47,8 +48,9 @@ NODE_WHEELS = "/var/cache/inference-nodes/wheels"
 HUB_VERSION = importlib.metadata.version("huggingface_hub")  # pinned in pyproject.toml
 HUB_LOCK_NAME = os.path.basename(hub_lock.LOCK)  # pushed beside the wheels, kept in the venv
 
-_control_locks: dict[tuple, gevent.lock.Semaphore] = {}
-_control_paths: dict[tuple, str] = {}
+# One lock per control-node download (cache directory, repo, commit), process-wide like the cache on disk (not run
+# state): two hosts, or two runs in one process, never fetch the same snapshot into it at once.
+_control_dir_locks: dict[tuple, gevent.lock.Semaphore] = {}
 
 
 def render_gate(snapshot_dir: str) -> str:
@@ -58,11 +60,12 @@ def render_gate(snapshot_dir: str) -> str:
     )
 
 
-def control_snapshot(cfg: NodeConfig) -> str:
-    """The verified control-node copy (downloaded once per run, whichever host asks first)."""
+def control_snapshot(cfg: NodeConfig, state) -> str:
+    """The verified control-node copy (downloaded once per run, whichever host of ``state`` asks first)."""
     key = (cfg.model_control_cache, cfg.model_repo, cfg.model_revision)
-    with _control_locks.setdefault(key, gevent.lock.Semaphore()):
-        if key not in _control_paths:
+    fetched: dict[tuple, str] = kept(state, "control-node snapshots", dict)
+    with _control_dir_locks.setdefault(key, gevent.lock.Semaphore()):
+        if key not in fetched:
             cmd = [sys.executable, "-m", "deploys.model_fetch", cfg.model_repo, cfg.model_revision,
                    os.path.abspath(cfg.model_manifest), cfg.model_control_cache, cfg.model_hub_endpoint]
             if cfg.model_hub_token_file:
@@ -71,8 +74,8 @@ def control_snapshot(cfg: NodeConfig) -> str:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "model_fetch failed")
-            _control_paths[key] = proc.stdout.strip().splitlines()[-1]
-        return _control_paths[key]
+            fetched[key] = proc.stdout.strip().splitlines()[-1]
+        return fetched[key]
 
 
 def rsync_plan(cfg: NodeConfig, control_dir: str, refetch: list[str]) -> tuple[str, str, list[str], list[str]]:
@@ -97,7 +100,7 @@ def rsync_plan(cfg: NodeConfig, control_dir: str, refetch: list[str]) -> tuple[s
 def _push(state, host, refetch: list[str]) -> bool:
     cfg = node_config(host)
     try:
-        control_dir = control_snapshot(cfg)
+        control_dir = control_snapshot(cfg, state)
     except RuntimeError as e:
         host.log_styled(f"control-node download failed: {e}", fg="red", log_func=logger.error)
         return False
@@ -124,7 +127,7 @@ def _push(state, host, refetch: list[str]) -> bool:
     return True
 
 
-_wheel_locks: dict[str, gevent.lock.Semaphore] = {}
+_wheel_dir_locks: dict[str, gevent.lock.Semaphore] = {}  # per wheel cache directory, process-wide (as above)
 
 
 def control_wheels(pyver: str, machine: str) -> list[str]:
@@ -135,7 +138,7 @@ def control_wheels(pyver: str, machine: str) -> list[str]:
     lock_id = hub_lock.sha256(hub_lock.LOCK)[:12]
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
                          "inference-nodes", "wheels", f"cp{pyver}-{machine}-hf{HUB_VERSION}-{lock_id}")
-    with _wheel_locks.setdefault(cache, gevent.lock.Semaphore()):
+    with _wheel_dir_locks.setdefault(cache, gevent.lock.Semaphore()):
         if not os.path.exists(os.path.join(cache, ".complete")):
             os.makedirs(cache, exist_ok=True)
             cmd = hub_lock.download_command(pyver, machine, cache, "--require-hashes", "-r", hub_lock.LOCK)

@@ -16,6 +16,7 @@ from pyinfra.api.exceptions import DeployError
 
 from deploys.host_tuning import host_shm_problem
 from deploys.inventory import node_config
+from deploys.run_state import kept
 from deploys.schema import NodeConfig
 from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources
 from facts.nvidia import NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, driver_state
@@ -33,9 +34,6 @@ class PreflightError(DeployError):
 class _Run:
     rows: dict[str, list[str]] = field(default_factory=dict)
     problems: dict[str, list[str]] = field(default_factory=dict)
-
-
-_RUNS: dict[int, _Run] = {}
 
 
 def _gib(n: int) -> str:
@@ -144,7 +142,7 @@ def preflight():
 
     # every fact is read above: a fact read yields to the other hosts, which must not see this host's row
     # before its problems
-    run = _RUNS.setdefault(id(host.state), _Run())
+    run = kept(host.state, "preflight", _Run)
     run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes, smi, state)
     run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, addresses, devices)
     active = [h.name for h in host.state.inventory.get_active_hosts()]
