@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import os
 import re
 import secrets
 import uuid
@@ -175,27 +176,11 @@ def render_rsyncd_conf(root: str, max_connections: int) -> str:
     )
 
 
-_WAIT_LISTENING = (
-    "import socket, subprocess, sys, time\n"
-    "addr, port, unit = sys.argv[1], int(sys.argv[2]), sys.argv[3]\n"
-    "def active():\n"
-    "    return subprocess.run(['systemctl', 'is-active', '--quiet', unit]).returncode == 0\n"
-    "for _ in range(100):\n"
-    "    try:\n"
-    "        socket.create_connection((addr, port), 0.5).close()\n"
-    "    except OSError:\n"
-    "        if not active():\n"
-    "            break\n"
-    "        time.sleep(0.1)\n"
-    "        continue\n"
-    "    time.sleep(0.3)\n"
-    "    if active():\n"
-    "        sys.exit(0)\n"
-    "    break\n"
-    "log = subprocess.run(['journalctl', '-u', unit, '-n', '3', '--no-pager', '-o', 'cat'], capture_output=True,"
-    " text=True).stdout.strip().replace(chr(10), ' | ')\n"
-    "sys.exit(f'cannot serve peers on {addr}:{port}: {unit} is not running ({log or \"no log\"})')\n"
-)
+def _seed_listening_program() -> str:
+    """files/model_snapshot/seed_listening.py, run on the node as `python3 -c` (nothing to install first)."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "files/model_snapshot/seed_listening.py")) as f:
+        return f.read()
 
 
 @operation()
@@ -249,7 +234,8 @@ def peers_served(wave: int, targets: list[str], root: str):
         "rsync", "--daemon", "--no-detach", f"--config={SEED_DIR}/rsyncd.conf", QuoteString(f"--address={address}"),
         f"--port={port}",
     )
-    yield StringCommand("python3", "-c", QuoteString(_WAIT_LISTENING), QuoteString(address), str(port), SEED_UNIT)
+    yield StringCommand("python3", "-c", QuoteString(_seed_listening_program()), QuoteString(address), str(port),
+                        SEED_UNIT)
     yield FunctionCommand(_mark_serving, (f"serving its verified model copy on {address}:{port} to "
                                           f"{', '.join(needy)}",), {})
 
