@@ -21,9 +21,11 @@ import tempfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from files import helper_path
+
 HUB_VERSION = importlib.metadata.version("huggingface_hub")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOCK = os.path.join(ROOT, "files/model_snapshot/hub-client.lock")
+LOCK = helper_path("model_snapshot/hub-client.lock")
 PYTHONS = ("311", "312", "313")
 MACHINES = ("x86_64", "aarch64")
 MANYLINUX = ("manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux_2_34", "manylinux_2_31")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import os
 import re
 import secrets
 import uuid
@@ -40,6 +39,7 @@ from deploys.inventory import inventory_configs, node_config
 from deploys.ops import fail_host, upload_private
 from deploys.run_state import kept, this_run
 from deploys.schema import NodeConfig
+from files import helper_text
 
 SEED_UNIT = "inference-nodes-model-seed"
 SEED_DIR = "/run/inference-nodes/model-seed"
@@ -48,6 +48,7 @@ SEED_MAX_SECONDS = 6 * 3600  # a run killed mid-way leaves no daemon behind for 
 PULL_UNIT = "inference-nodes-model-pull"
 PULL_GUARD_SECONDS = 300  # a target's password left by a run killed before its pull started lives this long at most
 PEER_PULL = "/usr/local/lib/inference-nodes/peer_pull.py"
+SEED_LISTENING = "model_snapshot/seed_listening.py"  # run as python3 -c: nothing installed
 
 
 @dataclass(frozen=True)
@@ -176,13 +177,6 @@ def render_rsyncd_conf(root: str, max_connections: int) -> str:
     )
 
 
-def _seed_listening_program() -> str:
-    """files/model_snapshot/seed_listening.py, run on the node as `python3 -c` (nothing to install first)."""
-    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "files/model_snapshot/seed_listening.py")) as f:
-        return f.read()
-
-
 @operation()
 def peers_served(wave: int, targets: list[str], root: str):
     """Serve this node's verified copy to its ``targets`` of ``wave``, when any of them needs files.
@@ -234,7 +228,7 @@ def peers_served(wave: int, targets: list[str], root: str):
         "rsync", "--daemon", "--no-detach", f"--config={SEED_DIR}/rsyncd.conf", QuoteString(f"--address={address}"),
         f"--port={port}",
     )
-    yield StringCommand("python3", "-c", QuoteString(_seed_listening_program()), QuoteString(address), str(port),
+    yield StringCommand("python3", "-c", QuoteString(helper_text(SEED_LISTENING)), QuoteString(address), str(port),
                         SEED_UNIT)
     yield FunctionCommand(_mark_serving, (f"serving its verified model copy on {address}:{port} to "
                                           f"{', '.join(needy)}",), {})

@@ -32,6 +32,7 @@ from deploys.ops import atomic_put, fail_host, refuse, secret_file
 from deploys.run_state import kept
 from deploys.schema import NodeConfig
 from facts.host import FreeBytes
+from files import helper_path
 from files.model_snapshot.peer_pull import balanced, parallel_rsync  # the same streams on both sides
 from files.model_snapshot.verify_snapshot import inside, read_manifest
 from facts.model import ModelVerification
@@ -274,8 +275,7 @@ def model_snapshot():
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
     apt.packages(name="Install what the verifier and rsync need", packages=["python3", "rsync"])
     batch = (VERIFIER, MANIFEST, GATE, HUB_DOWNLOAD, f"{cfg.model_dir}/refs/main", model_fanout.PEER_PULL)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    atomic_put(batch=batch, name="Install the snapshot verifier", src=os.path.join(here, "files/model_snapshot/verify_snapshot.py"),
+    atomic_put(batch=batch, name="Install the snapshot verifier", src=helper_path("model_snapshot/verify_snapshot.py"),
               dest=VERIFIER, user="root", group="root", mode="0755", create_remote_dir=True)
     atomic_put(batch=batch, name="Install the trusted manifest", src=cfg.model_manifest, dest=MANIFEST,
               user="root", group="root", mode="0644", create_remote_dir=True)
@@ -287,7 +287,7 @@ def model_snapshot():
         apt.packages(name="Install python3-venv for the hub client", packages=["python3-venv"])
         hub_client_installed(name=f"Install huggingface_hub {HUB_VERSION} (wheels from the control node)",
                              venv=cfg.model_hub_venv)
-        atomic_put(batch=batch, name="Install the hub download helper", src=os.path.join(here, "files/model_snapshot/hub_download.py"),
+        atomic_put(batch=batch, name="Install the hub download helper", src=helper_path("model_snapshot/hub_download.py"),
                   dest=HUB_DOWNLOAD, user="root", group="root", mode="0755")
         if cfg.model_hub_token_file:
             secret_file(name="Install the hub token (0600, never printed)", src=cfg.model_hub_token_file,
@@ -299,7 +299,7 @@ def model_snapshot():
                   dest=f"{cfg.model_dir}/refs/main", user="root", group="root", mode="0644", create_remote_dir=True)
     if cfg.model_sync_mode == "push":
         atomic_put(batch=batch, name="Install the peer pull helper (push fan-out)",
-                  src=os.path.join(here, "files/model_snapshot/peer_pull.py"), dest=model_fanout.PEER_PULL,
+                  src=helper_path("model_snapshot/peer_pull.py"), dest=model_fanout.PEER_PULL,
                   user="root", group="root", mode="0755")
     waves, plan = model_fanout.run_plan()
     for wave in range(waves):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import posixpath
 import uuid
 
@@ -12,6 +11,7 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 
 from facts.apt import AptHolds, KeyringFingerprints
+from files import helper_text
 from facts.host import ManagedFiles
 
 
@@ -87,10 +87,7 @@ def keyring_verified(url: str, fingerprint: str, dest: str):
     if host.get_fact(KeyringFingerprints, path=dest) == [fingerprint]:
         host.noop(f"{dest} holds key {fingerprint} alone")
         return
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(here, "files/apt/install_signing_key.sh")) as f:
-        script = f.read()
-    yield StringCommand("sh", "-c", QuoteString(script), "install_signing_key", QuoteString(url),
+    yield StringCommand("sh", "-c", QuoteString(helper_text("apt/install_signing_key.sh")), "install_signing_key", QuoteString(url),
                         QuoteString(fingerprint), QuoteString(dest))
 
 

@@ -8,7 +8,8 @@ import subprocess
 import sys
 import time
 
-from deploys.model_fanout import _seed_listening_program
+from deploys.model_fanout import SEED_LISTENING
+from files import helper_text
 from files.model_snapshot.seed_listening import listening
 
 
@@ -49,7 +50,7 @@ def test_nothing_listening_gives_up_at_once_when_the_unit_is_gone_else_after_its
 
 
 def test_the_node_runs_the_files_text_and_names_address_and_unit():
-    proc = subprocess.run([sys.executable, "-c", _seed_listening_program(), "127.0.0.1", str(_free_port()),
+    proc = subprocess.run([sys.executable, "-c", helper_text(SEED_LISTENING), "127.0.0.1", str(_free_port()),
                            "inference-nodes-no-such-unit"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "cannot serve peers on 127.0.0.1:" in proc.stderr and "inference-nodes-no-such-unit is not running" in proc.stderr
