@@ -22,7 +22,6 @@ from io import StringIO
 import gevent.lock
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
-from pyinfra.facts.server import Command
 from pyinfra.operations import apt, files
 
 from deploys import hub_lock, model_fanout
@@ -35,7 +34,7 @@ from facts.host import FreeBytes
 from files import helper_path
 from files.model_snapshot.peer_pull import balanced, parallel_rsync  # the same streams on both sides
 from files.model_snapshot.verify_snapshot import inside, read_manifest
-from facts.model import ModelVerification
+from facts.model import HubClient, ModelVerification, NodePython
 
 
 VERIFIER = "/usr/local/lib/inference-nodes/verify_snapshot.py"
@@ -52,6 +51,11 @@ HUB_LOCK_NAME = os.path.basename(hub_lock.LOCK)  # pushed beside the wheels, kep
 # One lock per control-node download (cache directory, repo, commit), process-wide like the cache on disk (not run
 # state): two hosts, or two runs in one process, never fetch the same snapshot into it at once.
 _control_dir_locks: dict[tuple, gevent.lock.Semaphore] = {}
+
+
+class ControlNodeError(RuntimeError):
+    """The control node cannot provide what a host needs (its model download, the hub client's wheels): that
+    host fails, with this message (fail_host); the others go on."""
 
 
 def render_gate(snapshot_dir: str) -> str:
@@ -74,7 +78,7 @@ def control_snapshot(cfg: NodeConfig, state) -> str:
             logger.info(f"control node: fetching {cfg.model_repo}@{cfg.model_revision} into {cfg.model_control_cache}")
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             if proc.returncode != 0:
-                raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "model_fetch failed")
+                raise ControlNodeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "model_fetch failed")
             fetched[key] = proc.stdout.strip().splitlines()[-1]
         return fetched[key]
 
@@ -102,7 +106,7 @@ def _push(state, host, refetch: list[str]) -> bool:
     cfg = node_config(host)
     try:
         control_dir = control_snapshot(cfg, state)
-    except RuntimeError as e:
+    except ControlNodeError as e:
         host.log_styled(f"control-node download failed: {e}", fg="red", log_func=logger.error)
         return False
     try:
@@ -145,13 +149,13 @@ def control_wheels(pyver: str, machine: str) -> list[str]:
             cmd = hub_lock.download_command(pyver, machine, cache, "--require-hashes", "-r", hub_lock.LOCK)
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise RuntimeError(f"pip download for cp{pyver}/{machine} failed: {proc.stderr.strip()[-400:]}")
+                raise ControlNodeError(f"pip download for cp{pyver}/{machine} failed: {proc.stderr.strip()[-400:]}")
             open(os.path.join(cache, ".complete"), "w").close()
     wheels = sorted(os.path.join(cache, f) for f in os.listdir(cache) if f.endswith(".whl"))
     allowed = hub_lock.lock_hashes()
     bad = [os.path.basename(w) for w in wheels if hub_lock.sha256(w) not in allowed]
     if bad:
-        raise RuntimeError(f"wheel(s) in {cache} not in {hub_lock.LOCK} (refused): {', '.join(bad)}")
+        raise ControlNodeError(f"wheel(s) in {cache} not in {hub_lock.LOCK} (refused): {', '.join(bad)}")
     return wheels
 
 
@@ -168,22 +172,19 @@ def hub_client_installed(venv: str):
 
     + venv: the venv path on the node
     """
-    have = host.get_fact(Command, command=f"{venv}/bin/python -c 'import huggingface_hub as h; print(h.__version__)' "
-                                          f"2>/dev/null; sha256sum {venv}/{HUB_LOCK_NAME} 2>/dev/null | cut -c1-64; "
-                                          "true")
-    if (have or "").split() == [HUB_VERSION, hub_lock.sha256(hub_lock.LOCK)]:  # None: no output
+    have = host.get_fact(HubClient, venv=venv, lock_name=HUB_LOCK_NAME)
+    if (have["version"], have["lock_sha256"]) == (HUB_VERSION, hub_lock.sha256(hub_lock.LOCK)):
         host.noop(f"huggingface_hub {HUB_VERSION} in {venv}, from the current lock")
         return
-    node = host.get_fact(Command, command="python3 -c 'import sys, platform; "
-                                          "print(f\"{sys.version_info[0]}{sys.version_info[1]} {platform.machine()}\")'")
-    pyver, machine = node.split()
+    node = host.get_fact(NodePython)
+    pyver, machine = node["version"], node["machine"]
     if pyver not in hub_lock.PYTHONS or machine not in hub_lock.MACHINES:
         yield fail_host(f"{host.name}: the hub client lock has no wheels for Python {pyver[0]}.{pyver[1:]} on "
                         f"{machine}: add it to deploys/hub_lock.py and run `python -m deploys.hub_lock`")
         return
     try:
         wheels = control_wheels(pyver, machine)
-    except RuntimeError as e:
+    except ControlNodeError as e:
         yield fail_host(f"{host.name}: {e}")
         return
     yield StringCommand("rm", "-rf", NODE_WHEELS, "&&", "mkdir", "-p", NODE_WHEELS)
