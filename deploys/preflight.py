@@ -18,7 +18,7 @@ from deploys.host_tuning import host_shm_problem
 from deploys.inventory import node_config
 from deploys.run_state import kept
 from deploys.schema import NodeConfig
-from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources
+from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources, NodeResourcesDict
 from facts.nvidia import NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, driver_state
 
 ARCH_ALIASES = {"arm64": "aarch64", "amd64": "x86_64"}
@@ -54,7 +54,7 @@ def fabric_problem(cfg: NodeConfig, addresses: list[str]) -> str | None:
             f"{', '.join(a.split('/')[0] for a in addresses)}): the other ranks could not reach it")
 
 
-def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = None,
+def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: dict | None = None,
                  addresses: list[str] | None = None, devices: list[str] | None = None) -> list[str]:
     """What stops this host from running its profile (empty when it can). ``devices``: which of
     ``cfg.container_devices`` exist on the node."""
@@ -111,7 +111,7 @@ def driver_column(state: dict) -> str:
     return text if state["state"] in ("ok", "module_only") else f"{text} (REBOOT REQUIRED: {state['reason']})"
 
 
-def row_for(name: str, cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = None,
+def row_for(name: str, cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: dict | None = None,
             state: dict | None = None) -> list[str]:
     return [
         name, f"{cfg.cluster_name}/{cfg.node_rank}",

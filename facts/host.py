@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
@@ -41,7 +41,21 @@ if command -v podman >/dev/null 2>&1; then echo "podman=$(podman --version 2>/de
 _INT_KEYS = ("cpus", "mem_bytes", "disk_free_bytes", "model_present_bytes")
 
 
-class NodeResources(FactBase[dict]):
+class NodeResourcesDict(TypedDict):
+    os: NotRequired[str]  # PRETTY_NAME of /etc/os-release ("unknown" without one)
+    dgx_os: str | None  # DGX OS version from /etc/dgx-release; None: not DGX OS
+    arch: str  # uname -m
+    kernel: NotRequired[str]  # uname -r
+    cpus: int
+    mem_bytes: int
+    disk_path: NotRequired[str]  # the model path, or its nearest existing parent: where free space is read
+    disk_free_bytes: int
+    model_present_bytes: int  # bytes of the snapshot already there (0: none)
+    rdma: list[str]  # /sys/class/infiniband devices
+    podman: str | None  # Podman's version; None: not installed
+
+
+class NodeResources(FactBase[NodeResourcesDict]):
     """OS (and the DGX OS version from /etc/dgx-release, where present), arch, kernel, CPUs, RAM, free disk at
     the model path, RDMA devices, Podman version.
 
@@ -59,8 +73,8 @@ class NodeResources(FactBase[dict]):
                 .replace("{model_root}", shlex.quote(model_root))
                 .replace("{snapshot_dir}", shlex.quote(snapshot_dir)))
 
-    def process(self, output: list[str]) -> dict[str, Any]:
-        values: dict[str, Any] = {}
+    def process(self, output: list[str]) -> NodeResourcesDict:
+        values: dict = {}
         for line in output:
             if "=" in line:
                 key, value = line.split("=", 1)
@@ -113,7 +127,14 @@ class FreeBytes(FactBase[int]):
 
 
 
-class ManagedFiles(FactBase[dict]):
+class ManagedFileDict(TypedDict):
+    user: str
+    group: str
+    mode: int  # as pyinfra's File fact gives it: 644
+    sha1: str
+
+
+class ManagedFiles(FactBase[dict[str, ManagedFileDict | None]]):
     """Owner, group, mode and sha1 of several managed files in one round trip: ``{path: {"user", "group",
     "mode", "sha1"} or None}`` (None: not a regular file; mode as pyinfra's File fact gives it, e.g. 644)."""
 
@@ -123,8 +144,8 @@ class ManagedFiles(FactBase[dict]):
                 f"\"$(stat -c '%U %G %a' -- \"$p\")\" \"$(sha1sum -- \"$p\" | cut -d' ' -f1)\"; "
                 f"else printf '%s\\t-\\n' \"$p\"; fi; done")
 
-    def process(self, output: list[str]) -> dict[str, Any]:
-        files: dict[str, Any] = {}
+    def process(self, output: list[str]) -> dict[str, ManagedFileDict | None]:
+        files: dict[str, ManagedFileDict | None] = {}
         for line in output:
             path, _, state = line.partition("\t")
             if state.strip() == "-":
