@@ -9,15 +9,15 @@ from __future__ import annotations
 import posixpath
 from io import StringIO
 
-from pyinfra import host
-from pyinfra.api import deploy, operation
-from pyinfra.operations import files, server
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+from pyinfra.operations import files
 
 from deploys.inventory import node_config
 from deploys.ops import atomic_put, fail_host
 from deploys.schema import NodeConfig
 from deploys.unit_text import env_file_line
-from facts.host import MountSizeBytes
+from facts.host import MountSizeBytes, SystemdDefaultLimits
 
 
 LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
@@ -36,13 +36,14 @@ def render_limits(cfg: NodeConfig) -> str:
     return "".join(lines)
 
 
+def systemd_default_limits(cfg: NodeConfig) -> dict[str, str]:
+    """systemd's manager defaults for services, as the drop-in sets them and `systemctl show` shows them."""
+    return {"DefaultLimitMEMLOCK": cfg.memlock_systemd, "DefaultLimitNOFILE": str(cfg.limits_nofile),
+            "DefaultLimitSTACK": str(cfg.limits_stack)}
+
+
 def render_systemd_defaults(cfg: NodeConfig) -> str:
-    return (
-        f"{HEADER}[Manager]\n"
-        f"DefaultLimitMEMLOCK={cfg.memlock_systemd}\n"
-        f"DefaultLimitNOFILE={cfg.limits_nofile}\n"
-        f"DefaultLimitSTACK={cfg.limits_stack}\n"
-    )
+    return f"{HEADER}[Manager]\n" + "".join(f"{k}={v}\n" for k, v in systemd_default_limits(cfg).items())
 
 
 def render_fabric_env(cfg: NodeConfig) -> str:
@@ -90,6 +91,31 @@ def host_shm_large_enough():
     host.noop(f"/dev/shm is {size / 2**30:.1f} GiB (>= {cfg.shm_required_bytes / 2**30:.1f} GiB)")
 
 
+def _manager_limits_problem(state, host, want: dict[str, str]) -> bool:
+    have = host.get_fact(SystemdDefaultLimits, names=tuple(want))  # read afresh: a command ran on the host
+    wrong = {k: have.get(k) for k, v in want.items() if have.get(k) != v}
+    if not wrong:
+        return True
+    expected = {k: want[k] for k in wrong}
+    host.log_styled(f"{host.name}: systemd re-executed but gives services {wrong}, not {expected} "
+                    f"({SYSTEMD_DEFAULTS_FILE}): a later system.conf.d drop-in overrides it", fg="red",
+                    log_func=logger.error)
+    return False
+
+
+@operation()
+def systemd_defaults_applied():
+    """Re-execute systemd when its manager does not give services the limits of the drop-in. Decided from
+    systemd's own state, not from the write's change: a run killed (or a re-exec failed) between writing the
+    drop-in and the re-exec is completed by the next run. Fails the host when a re-exec does not bring them."""
+    want = systemd_default_limits(node_config())
+    if host.get_fact(SystemdDefaultLimits, names=tuple(want)) == want:
+        host.noop("systemd gives services the configured default limits")
+        return
+    yield StringCommand("systemctl", "daemon-reexec")
+    yield FunctionCommand(_manager_limits_problem, (want,), {})
+
+
 @deploy("Host tuning")
 def host_tuning():
     cfg = node_config()
@@ -104,7 +130,7 @@ def host_tuning():
         group="root",
         mode="0644",
     )
-    defaults = atomic_put(
+    atomic_put(
         batch=batch,
         name="Set systemd's default memlock/nofile/stack limits for services",
         src=StringIO(render_systemd_defaults(cfg)),
@@ -114,11 +140,7 @@ def host_tuning():
         mode="0644",
         create_remote_dir=True,
     )
-    server.shell(
-        name="Re-execute systemd so the new default limits apply",
-        commands=["systemctl daemon-reexec"],
-        _if=defaults.did_change,
-    )
+    systemd_defaults_applied(name="Re-execute systemd so the new default limits apply")
     files.directory(
         name="Create the fabric env file's directory",
         path=posixpath.dirname(cfg.fabric_env_file),

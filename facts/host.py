@@ -183,3 +183,17 @@ class ExistingPaths(FactBase[list]):
 
     def process(self, output: list[str]) -> list[str]:
         return [line for line in output if line]
+
+
+class SystemdDefaultLimits(FactBase[dict]):
+    """The default limits systemd's manager gives services now (`systemctl show -p DefaultLimitMEMLOCK ...`), as
+    systemd writes them (bytes, or `infinity`): ``{"DefaultLimitNOFILE": "1048576", ...}``; {} where systemd
+    does not run as init."""
+
+    default = dict
+
+    def command(self, names: tuple[str, ...]) -> str:
+        return f"systemctl show {' '.join(f'-p {shlex.quote(n)}' for n in names)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        return dict(line.strip().split("=", 1) for line in output if "=" in line)

@@ -98,3 +98,17 @@ def test_a_private_container_shm_is_not_checked_on_the_host():
                                        "shm_headroom_gib": 65536, "container_shm_size": "70000g"})
     run_ops(state)
     assert local not in state.failed_hosts
+
+
+def test_manager_limits_fact_reads_what_the_drop_in_sets():
+    from deploys.host_tuning import systemd_default_limits
+    from facts.host import SystemdDefaultLimits
+
+    want = systemd_default_limits(cfg())
+    assert want == {"DefaultLimitMEMLOCK": "infinity", "DefaultLimitNOFILE": "1048576", "DefaultLimitSTACK": "67108864"}
+    fact = SystemdDefaultLimits()
+    assert fact.command(names=tuple(want)) == ("systemctl show -p DefaultLimitMEMLOCK -p DefaultLimitNOFILE "
+                                               "-p DefaultLimitSTACK 2>/dev/null || true")
+    # systemctl show's own order and form (systemd 257 on the sandbox nodes)
+    assert fact.process(["DefaultLimitNOFILE=1048576", "DefaultLimitSTACK=67108864", "DefaultLimitMEMLOCK=infinity"]) == want
+    assert fact.process([]) == {}  # no systemd as init: never equal, so the re-exec runs (and fails the host)
