@@ -197,3 +197,15 @@ class SystemdDefaultLimits(FactBase[dict]):
 
     def process(self, output: list[str]) -> dict[str, str]:
         return dict(line.strip().split("=", 1) for line in output if "=" in line)
+
+
+class SystemdNeedsReload(FactBase[bool]):
+    """Whether any of ``units`` changed on disk since systemd loaded it (its own NeedDaemonReload)."""
+
+    default = bool
+
+    def command(self, units: tuple[str, ...]) -> str:
+        return f"systemctl show -p NeedDaemonReload --value {' '.join(shlex.quote(u) for u in units)}"
+
+    def process(self, output: list[str]) -> bool:
+        return "yes" in " ".join(output).split()
