@@ -33,12 +33,12 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
-from pyinfra.facts.server import Command
 
 from deploys.inventory import inventory_configs, node_config
 from deploys.ops import fail_host, upload_private
 from deploys.run_state import kept, this_run
 from deploys.schema import NodeConfig
+from facts.model import SeedDaemon
 from files import helper_text
 
 SEED_UNIT = "inference-nodes-model-seed"
@@ -243,13 +243,12 @@ def _mark_serving(state, host, message: str) -> bool:
 @operation()
 def peers_stopped():
     """No seed daemon and no run secret left on the node once the run's waves are done."""
-    seen = host.get_fact(Command, command=f"systemctl is-active {SEED_UNIT} 2>/dev/null; "
-                                          f"test -d {SEED_DIR} && echo seed-dir; true").split()
-    if seen[:1] in (["active"], ["activating"]):
+    seed = host.get_fact(SeedDaemon, unit=SEED_UNIT, secret_dir=SEED_DIR)
+    if seed["running"]:
         yield StringCommand("systemctl", "stop", SEED_UNIT)
-    if "seed-dir" in seen:
+    if seed["secret_dir"]:
         yield StringCommand("rm", "-rf", SEED_DIR)
-    if not (seen[:1] in (["active"], ["activating"]) or "seed-dir" in seen):
+    if not (seed["running"] or seed["secret_dir"]):
         host.noop("no seed daemon, no run secret")
 
 

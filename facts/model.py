@@ -72,3 +72,21 @@ class NodePython(FactBase[NodePythonDict]):
         if len(words) != 3 or not (words[0] + words[1]).isdigit():
             raise FactProcessError(f"NodePython: unexpected output {output!r}")
         return {"version": words[0] + words[1], "machine": words[2]}
+
+
+class SeedDaemonDict(TypedDict):
+    running: bool  # the seed daemon's unit is active or activating
+    secret_dir: bool  # its run-secret directory exists
+
+
+class SeedDaemon(FactBase[SeedDaemonDict]):
+    """What a push fan-out's seed daemon left on a node (deploys/model_fanout.py): its unit running, its run-secret
+    directory present."""
+
+    def command(self, unit: str, secret_dir: str) -> str:
+        return (f"systemctl is-active {shlex.quote(unit)} 2>/dev/null; "
+                f"test -d {shlex.quote(secret_dir)} && echo seed-dir; true")
+
+    def process(self, output: list[str]) -> SeedDaemonDict:
+        seen = " ".join(output).split()
+        return {"running": seen[:1] in (["active"], ["activating"]), "secret_dir": "seed-dir" in seen}
