@@ -266,7 +266,6 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str, 
         password = f"{SEED_DIR}/password-{hashlib.sha256(source.encode()).hexdigest()[:16]}"  # no name in a path
         url = f"rsync://{SEED_USER}@{f'[{address}]' if ':' in address else address}:{port}/model/"
         dest = cfg.model_dir
-        snapshot = f"snapshots/{cfg.model_revision}" if cfg.model_layout == "hf_cache" else ""
         unit = f"{PULL_UNIT}-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
         # the guard first: should the run die before the pull unit starts, the password goes after a while
         ok, out = host.run_shell_command(StringCommand(  # a killed run's pull of the same peer ends first
@@ -287,7 +286,7 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str, 
                     QuoteString(f"--property=ExecStartPre=-+/bin/systemctl stop {unit}-guard.timer"),
                     QuoteString(f"--property=ExecStopPost=+/bin/rm -f {password}"),
                     "python3", PEER_PULL, QuoteString(url), QuoteString(dest), password, manifest,
-                    "--layout", cfg.model_layout, "--snapshot", QuoteString(snapshot),
+                    "--layout", cfg.model_layout, "--snapshot", QuoteString(cfg.snapshot_subdir),
                     "--streams", str(cfg.model_rsync_streams), *(QuoteString(p) for p in sorted(refetch)),
                 ), **sudo)
         finally:  # not left behind even if this host fails before the run's stop operation

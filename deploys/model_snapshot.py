@@ -97,7 +97,7 @@ def rsync_plan(cfg: NodeConfig, control_dir: str, refetch: list[str]) -> tuple[s
         return control_dir, cfg.model_root, sorted(refetch), ["-aL"]
     paths = []
     for rel, blob in blobs.items():
-        paths.append(f"snapshots/{cfg.model_revision}/{rel}")
+        paths.append(f"{cfg.snapshot_subdir}/{rel}")
         paths.append(os.path.relpath(blob, real_root))
     return repo_root, cfg.model_dir, paths, ["-a"]
 
@@ -256,10 +256,9 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
         cfg = node_config()
         # orphaned partial downloads are never resumed by huggingface_hub: clear them first
         yield StringCommand("find", QuoteString(dest_dir), "-name", "'*.incomplete'", "-type", "f", "-delete")
-        dest = f"{cfg.model_root}/hub" if cfg.model_layout == "hf_cache" else cfg.model_root
         token = HUB_TOKEN if cfg.model_hub_token_file else ""
         yield StringCommand(f"{cfg.model_hub_venv}/bin/python", HUB_DOWNLOAD, QuoteString(cfg.model_repo),
-                            cfg.model_revision, cfg.model_layout, QuoteString(dest),
+                            cfg.model_revision, cfg.model_layout, QuoteString(cfg.hub_download_dir),
                             QuoteString(cfg.model_hub_endpoint), token)
     yield StringCommand("python3", VERIFIER, MANIFEST, QuoteString(snapshot_dir), "--stamp", STAMP, "--full",
                         "--record", RECORD)

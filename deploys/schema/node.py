@@ -103,8 +103,18 @@ class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKey
     def snapshot_dir(self) -> str:
         """Host directory holding the files of the pinned commit."""
         if self.model_layout == "hf_cache":
-            return f"{self.model_dir}/snapshots/{self.model_revision}"
+            return f"{self.model_dir}/{self.snapshot_subdir}"
         return self.model_root
+
+    @property
+    def snapshot_subdir(self) -> str:
+        """:attr:`snapshot_dir` relative to :attr:`model_dir` ("" in the plain layout)."""
+        return f"snapshots/{self.model_revision}" if self.model_layout == "hf_cache" else ""
+
+    @property
+    def hub_download_dir(self) -> str:
+        """Where huggingface_hub downloads in `hub` mode: its cache_dir (hf_cache), or the local_dir (plain)."""
+        return f"{self.model_root}/hub" if self.model_layout == "hf_cache" else self.model_root
 
     @property
     def image_ref(self) -> str:

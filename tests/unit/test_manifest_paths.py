@@ -367,7 +367,7 @@ def test_control_push_refuses_a_control_copy_link_that_leaves_the_repo_folder(hf
     from deploys.model_snapshot import rsync_plan
 
     cfg = SimpleNamespace(model_layout="hf_cache", model_revision=COMMIT, model_root="/models",
-                          model_dir="/models/hub/models--x")
+                          model_dir="/models/hub/models--x", snapshot_subdir=f"snapshots/{COMMIT}")
     src, dest, paths, _ = rsync_plan(cfg, hf_cache.dir, ["config.json", "original/params.json"])
     assert src == hf_cache.repo and all(p.startswith(("snapshots/", "blobs/")) for p in paths)
     (tmp_path / "id_rsa").write_text("secret")
