@@ -27,7 +27,7 @@ from pyinfra.operations import apt, files
 from deploys import hub_lock, model_fanout
 from deploys.apt_state import apt_lists_updated
 from deploys.inventory import node_config, ssh_options
-from deploys.ops import atomic_put, fail_host, refuse, secret_file
+from deploys.ops import atomic_put, fail_host, host_failed, refuse, secret_file
 from deploys.run_state import kept
 from deploys.schema import NodeConfig
 from facts.host import FreeBytes
@@ -107,13 +107,11 @@ def _push(state, host, refetch: list[str]) -> bool:
     try:
         control_dir = control_snapshot(cfg, state)
     except ControlNodeError as e:
-        host.log_styled(f"control-node download failed: {e}", fg="red", log_func=logger.error)
-        return False
+        return host_failed(host, f"control-node download failed: {e}")
     try:
         src, dest, paths, flags = rsync_plan(cfg, control_dir, refetch)
     except ValueError as e:
-        host.log_styled(f"control-node copy refused: {e}", fg="red", log_func=logger.error)
-        return False
+        return host_failed(host, f"control-node copy refused: {e}")
     follow = "-aL" in flags  # plain: links in the control cache are sent as the files; hf_cache: as links + blobs
     sizes = {p: (os.stat if follow else os.lstat)(os.path.join(src, p)).st_size
              for p in paths if os.path.lexists(os.path.join(src, p))}
@@ -125,8 +123,7 @@ def _push(state, host, refetch: list[str]) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         failed = parallel_rsync([*flags, "-e", ssh, *extra], f"{src}/", target, groups, tmp)
     if failed:
-        host.log_styled(f"rsync to {dest} failed: {' | '.join(failed)}", fg="red", log_func=logger.error)
-        return False
+        return host_failed(host, f"rsync to {dest} failed: {' | '.join(failed)}")
     host.log_styled(f"pushed {len(refetch)} file(s), {sum(sizes.values())} bytes, in {len(groups)} stream(s)",
                     log_func=logger.info)
     return True

@@ -20,14 +20,21 @@ def flat_repo_source(header: str, uri: str, keyring: str) -> str:
     return f"{header}Types: deb\nURIs: {uri.rstrip('/')}/\nSuites: /\nSigned-By: {keyring}\n"
 
 
-def _log_and_fail(state, host, message: str) -> bool:
+def host_failed(host, message: str) -> bool:
+    """Log ``message`` for ``host`` and return False: what a FunctionCommand's body returns to fail its host."""
     host.log_styled(message, fg="red", log_func=logger.error)
     return False
 
 
 def fail_host(message: str) -> FunctionCommand:
-    """A command that fails this host alone, with ``message`` (raising in an operation aborts every host)."""
-    return FunctionCommand(_log_and_fail, (message,), {})
+    """A command that fails this host alone, with ``message``: the one way an operation fails a host (yield it;
+    ``refuse`` at deploy level). Raising in an operation aborts every host; only preflight stops the whole run,
+    on purpose (PreflightError)."""
+    return FunctionCommand(_fail_host, (message,), {})
+
+
+def _fail_host(state, host, message: str) -> bool:
+    return host_failed(host, message)
 
 
 @operation()
