@@ -1,6 +1,6 @@
 """The hub mode's wheel lock (files/model_snapshot/hub-client.lock): huggingface_hub at the version
 pinned in pyproject.toml and every dependency, each as package==version with the sha256 of its wheel for
-every supported node platform (CPython PYTHONS x MACHINES, manylinux). deploys/model_snapshot.py
+every supported node platform (CPython PYTHONS x MACHINES, manylinux). deploys/model_hub.py
 downloads the node's wheels on the control node with `pip download --require-hashes -r` this file and the
 node installs them with `pip install --require-hashes --no-index`, so a wheel not in the lock is refused.
 

@@ -35,6 +35,7 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 
 from deploys.inventory import inventory_configs, node_config
+from deploys.model_push import push_from_control
 from deploys.ops import fail_host, upload_private
 from deploys.run_state import kept, this_run
 from deploys.schema import NodeConfig
@@ -252,8 +253,8 @@ def peers_stopped():
         host.noop("no seed daemon, no run secret")
 
 
-def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str, fallback) -> bool:
-    """Fetch ``refetch`` from ``source``'s seed; when it cannot serve, ``fallback(state, host, refetch)``."""
+def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str) -> bool:
+    """Fetch ``refetch`` from ``source``'s seed; when it cannot serve, from the control node."""
     peer = state.inventory.get_host(source)
     if peer in state.failed_hosts:
         reason = "it failed earlier in this run"
@@ -300,4 +301,4 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str, 
         reason = (out.stderr.strip().splitlines() or ["could not pull"])[-1]
     host.log_styled(f"peer {source} cannot feed {host.name} ({reason}): the control node feeds it instead",
                     fg="yellow", log_func=logger.warning)
-    return fallback(state, host, refetch)
+    return push_from_control(state, host, refetch)

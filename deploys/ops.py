@@ -37,6 +37,11 @@ def _fail_host(state, host, message: str) -> bool:
     return host_failed(host, message)
 
 
+class ControlNodeError(RuntimeError):
+    """The control node cannot provide what a host needs (its model download, the hub client's wheels): that
+    host fails, with this message (fail_host, host_failed); the others go on."""
+
+
 @operation()
 def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: str = "0644",
                create_remote_dir: bool = True, batch: tuple[str, ...] = ()):
