@@ -9,12 +9,12 @@ from __future__ import annotations
 import posixpath
 from io import StringIO
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.operations import files
 
 from deploys.inventory import node_config
-from deploys.ops import atomic_put, fail_host
+from deploys.ops import atomic_put, fail_host, host_failed
 from deploys.schema import NodeConfig
 from deploys.unit_text import env_file_line
 from facts.host import MountSizeBytes, SystemdDefaultLimits
@@ -97,10 +97,8 @@ def _manager_limits_problem(state, host, want: dict[str, str]) -> bool:
     if not wrong:
         return True
     expected = {k: want[k] for k in wrong}
-    host.log_styled(f"{host.name}: systemd re-executed but gives services {wrong}, not {expected} "
-                    f"({SYSTEMD_DEFAULTS_FILE}): a later system.conf.d drop-in overrides it", fg="red",
-                    log_func=logger.error)
-    return False
+    return host_failed(host, f"{host.name}: systemd re-executed but gives services {wrong}, not {expected} "
+                             f"({SYSTEMD_DEFAULTS_FILE}): a later system.conf.d drop-in overrides it")
 
 
 @operation()
