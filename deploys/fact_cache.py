@@ -11,13 +11,13 @@ pyinfra does. A no-op converge thus reads each fact once instead of twice or mor
 from __future__ import annotations
 
 import copy
-import weakref
 
 from pyinfra.api import command as pyinfra_command
 from pyinfra.api.host import Host
 
-_answers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # host -> {(fact, args): answer}
-_changed: weakref.WeakSet = weakref.WeakSet()  # hosts a command has executed on in this run
+from deploys.run_state import keep, kept
+
+_ANSWERS = "fact answers"  # per host (deploys/run_state.py): {(fact, args): answer}, or None once a command ran
 _COMMANDS = (pyinfra_command.StringCommand, pyinfra_command.FileUploadCommand,
              pyinfra_command.FileDownloadCommand, pyinfra_command.FunctionCommand, pyinfra_command.RsyncCommand)
 
@@ -33,9 +33,9 @@ def install() -> None:
     read = Host.get_fact
 
     def get_fact(self, cls, *args, **kwargs):
-        if self in _changed or not isinstance(cls, type):
+        answers = kept(self, _ANSWERS, dict)
+        if answers is None or not isinstance(cls, type):
             return read(self, cls, *args, **kwargs)
-        answers = _answers.setdefault(self, {})
         key = _key(cls, args, kwargs)
         if key not in answers:
             answers[key] = read(self, cls, *args, **kwargs)
@@ -48,8 +48,7 @@ def install() -> None:
         execute = command_cls.execute
 
         def counted(self, state, host, connector_arguments, _execute=execute):
-            _changed.add(host)
-            _answers.pop(host, None)
+            keep(host, _ANSWERS, None)  # a command executed on this host: its facts are read afresh from now on
             return _execute(self, state, host, connector_arguments)
 
         command_cls.execute = counted

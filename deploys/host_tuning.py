@@ -10,27 +10,24 @@ import posixpath
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import deploy, operation
-from pyinfra.api.exceptions import OperationError
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.operations import files
 
 from deploys.inventory import node_config
-from deploys.ops import atomic_put, follow_up_done, follow_up_stamp
+from deploys.ops import atomic_put, fail_host, host_failed
 from deploys.schema import NodeConfig
 from deploys.unit_text import env_file_line
-from facts.host import MountSizeBytes
+from facts.host import MountSizeBytes, SystemdDefaultLimits
 
 
 LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
 SYSTEMD_DEFAULTS_FILE = "/etc/systemd/system.conf.d/90-inference-nodes.conf"
 HEADER = "# Managed by inference-nodes (deploys/host_tuning.py); local edits are overwritten.\n"
-REEXEC_STAMP = "host-tuning-systemd-reexec"  # follow-up stamp (deploys/ops.py follow_up_done)
 
 
 def render_limits(cfg: NodeConfig) -> str:
     """limits.d lines for every user and for root (pam_limits' `*` does not match root)."""
-    memlock = "unlimited" if cfg.limits_memlock == "unlimited" else str(int(cfg.limits_memlock) // 1024)
-    values = {"memlock": memlock, "nofile": str(cfg.limits_nofile), "stack": str(cfg.limits_stack // 1024)}
+    values = {"memlock": cfg.memlock_limits_d, "nofile": str(cfg.limits_nofile), "stack": str(cfg.limits_stack // 1024)}
     lines = [HEADER, "# memlock and stack are in KiB here (systemd uses bytes).\n"]
     for domain in ("*", "root"):
         for item, value in values.items():
@@ -39,14 +36,14 @@ def render_limits(cfg: NodeConfig) -> str:
     return "".join(lines)
 
 
+def systemd_default_limits(cfg: NodeConfig) -> dict[str, str]:
+    """systemd's manager defaults for services, as the drop-in sets them and `systemctl show` shows them."""
+    return {"DefaultLimitMEMLOCK": cfg.memlock_systemd, "DefaultLimitNOFILE": str(cfg.limits_nofile),
+            "DefaultLimitSTACK": str(cfg.limits_stack)}
+
+
 def render_systemd_defaults(cfg: NodeConfig) -> str:
-    memlock = "infinity" if cfg.limits_memlock == "unlimited" else str(cfg.limits_memlock)
-    return (
-        f"{HEADER}[Manager]\n"
-        f"DefaultLimitMEMLOCK={memlock}\n"
-        f"DefaultLimitNOFILE={cfg.limits_nofile}\n"
-        f"DefaultLimitSTACK={cfg.limits_stack}\n"
-    )
+    return f"{HEADER}[Manager]\n" + "".join(f"{k}={v}\n" for k, v in systemd_default_limits(cfg).items())
 
 
 def render_fabric_env(cfg: NodeConfig) -> str:
@@ -68,35 +65,60 @@ def shm_problem(shm_bytes: int, need_bytes: int, reason: str) -> str | None:
     )
 
 
-def shm_reason(cfg: NodeConfig) -> str:
-    return f"kv_offload_gib {cfg.kv_offload_gib:g} + shm_headroom_gib {cfg.shm_headroom_gib:g}"
+def host_shm_problem(cfg: NodeConfig, shm_bytes: int) -> str | None:
+    """The one /dev/shm check of a node (preflight refuses the run with it, host tuning fails the host): why
+    the host's /dev/shm of ``shm_bytes`` cannot hold what the container needs, or None. Only with --ipc=host is
+    the host's the container's; otherwise it gets ShmSize=, which validation checked."""
+    if not cfg.container_ipc_host:
+        return None
+    reason = f"kv_offload_gib {cfg.kv_offload_gib:g} + shm_headroom_gib {cfg.shm_headroom_gib:g}"
+    return shm_problem(shm_bytes, cfg.shm_required_bytes, reason)
 
 
 @operation()
-def shm_large_enough(min_bytes: int, reason: str):
-    """Fail the host when /dev/shm is smaller than ``min_bytes``; changes nothing.
-
-    + min_bytes: smallest acceptable /dev/shm size
-    + reason: what needs it, for the message
-    """
+def host_shm_large_enough():
+    """Fail this host alone when its /dev/shm cannot hold what the container needs (:func:`host_shm_problem`);
+    changes nothing."""
+    cfg = node_config()
+    if not cfg.container_ipc_host:
+        host.noop(f"the container gets a /dev/shm of its own (ShmSize={cfg.shm_size_rendered})")
+        return
     size = host.get_fact(MountSizeBytes, path="/dev/shm")
-    problem = shm_problem(size, min_bytes, reason)
+    problem = host_shm_problem(cfg, size)
     if problem:
-        raise OperationError(problem)
-    host.noop(f"/dev/shm is {size / 2**30:.1f} GiB (>= {min_bytes / 2**30:.1f} GiB)")
-    yield from ()
+        yield fail_host(f"{host.name}: {problem}")
+        return
+    host.noop(f"/dev/shm is {size / 2**30:.1f} GiB (>= {cfg.shm_required_bytes / 2**30:.1f} GiB)")
+
+
+def _manager_limits_problem(state, host, want: dict[str, str]) -> bool:
+    have = host.get_fact(SystemdDefaultLimits, names=tuple(want))  # read afresh: a command ran on the host
+    wrong = {k: have.get(k) for k, v in want.items() if have.get(k) != v}
+    if not wrong:
+        return True
+    expected = {k: want[k] for k in wrong}
+    return host_failed(host, f"{host.name}: systemd re-executed but gives services {wrong}, not {expected} "
+                             f"({SYSTEMD_DEFAULTS_FILE}): a later system.conf.d drop-in overrides it")
+
+
+@operation()
+def systemd_defaults_applied():
+    """Re-execute systemd when its manager does not give services the limits of the drop-in. Decided from
+    systemd's own state, not from the write's change: a run killed (or a re-exec failed) between writing the
+    drop-in and the re-exec is completed by the next run. Fails the host when a re-exec does not bring them."""
+    want = systemd_default_limits(node_config())
+    if host.get_fact(SystemdDefaultLimits, names=tuple(want)) == want:
+        host.noop("systemd gives services the configured default limits")
+        return
+    yield StringCommand("systemctl", "daemon-reexec")
+    yield FunctionCommand(_manager_limits_problem, (want,), {})
 
 
 @deploy("Host tuning")
 def host_tuning():
     cfg = node_config()
     batch = (LIMITS_FILE, SYSTEMD_DEFAULTS_FILE, cfg.fabric_env_file)  # read in one round trip
-    if cfg.container_shm_bytes is None:  # --ipc=host: the container uses the host's /dev/shm
-        shm_large_enough(
-            name="Check /dev/shm holds the KV offload",
-            min_bytes=cfg.shm_required_bytes,
-            reason=shm_reason(cfg),
-        )
+    host_shm_large_enough(name="Check /dev/shm holds the KV offload")
     atomic_put(
         batch=batch,
         name="Set memlock/nofile/stack limits for logins (limits.d)",
@@ -116,15 +138,8 @@ def host_tuning():
         group="root",
         mode="0644",
         create_remote_dir=True,
-        resets=follow_up_stamp(REEXEC_STAMP),
     )
-    follow_up_done(
-        name="Re-execute systemd so the new default limits apply",
-        stamp=REEXEC_STAMP,
-        command="systemctl daemon-reexec",
-        paths=(SYSTEMD_DEFAULTS_FILE,),
-        contents=(defaults,),
-    )
+    systemd_defaults_applied(name="Re-execute systemd so the new default limits apply")
     files.directory(
         name="Create the fabric env file's directory",
         path=posixpath.dirname(cfg.fabric_env_file),

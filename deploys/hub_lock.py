@@ -1,6 +1,6 @@
 """The hub mode's wheel lock (files/model_snapshot/hub-client.lock): huggingface_hub at the version
 pinned in pyproject.toml and every dependency, each as package==version with the sha256 of its wheel for
-every supported node platform (CPython PYTHONS x MACHINES, manylinux). deploys/model_snapshot.py
+every supported node platform (CPython PYTHONS x MACHINES, manylinux). deploys/model_hub.py
 downloads the node's wheels on the control node with `pip download --require-hashes -r` this file and the
 node installs them with `pip install --require-hashes --no-index`, so a wheel not in the lock is refused.
 
@@ -21,9 +21,11 @@ import tempfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from files import helper_path
+
 HUB_VERSION = importlib.metadata.version("huggingface_hub")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOCK = os.path.join(ROOT, "files/model_snapshot/hub-client.lock")
+LOCK = helper_path("model_snapshot/hub-client.lock")
 PYTHONS = ("311", "312", "313")
 MACHINES = ("x86_64", "aarch64")
 MANYLINUX = ("manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux_2_34", "manylinux_2_31")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
 from io import StringIO
 
@@ -32,13 +31,13 @@ from deploys.model_snapshot import GATE, STAMP
 from deploys.ops import atomic_put, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_stamp
 from deploys.unit_text import command_line, environment_line
 from deploys.schema import NodeConfig, cluster_head, cluster_of
+from files import helper_path
 
 UNIT_DIR = "/etc/containers/systemd"
 RUN_DIR = "/run/inference-nodes"
 ROCE_GID = "/usr/local/bin/inference-nodes-roce-gid"
 ROCE_ENV = "/run/inference-nodes/roce.env"
-ALLOW_LIST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "files/inference_service/quadlet-container-keys-podman-4.9.3.txt")
+ALLOW_LIST = helper_path("inference_service/quadlet-container-keys-podman-4.9.3.txt")
 HEADER = "# Managed by inference-nodes (deploys/inference_service.py); local edits are overwritten.\n"
 
 
@@ -131,7 +130,7 @@ def service_environment(cfg: NodeConfig, head: NodeConfig | None, nodes: int) ->
 
 
 def podman_args(cfg: NodeConfig) -> str:
-    memlock = "-1" if cfg.limits_memlock == "unlimited" else str(cfg.limits_memlock)
+    memlock = cfg.memlock_podman
     args = []
     if cfg.container_ipc_host:
         args.append("--ipc=host")
@@ -169,7 +168,7 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
     """The `.container` unit of one node. ``head`` is the cluster's rank-0 config; ``nodes`` its size;
     ``members`` every node's config (multi-node: their launch digest is part of each unit, so a change on
     any node restarts the whole job, workers first: a head cannot take a new worker into a running job)."""
-    memlock = "infinity" if cfg.limits_memlock == "unlimited" else str(cfg.limits_memlock)
+    memlock = cfg.memlock_systemd
     role = "" if nodes == 1 else (" (head, rank 0)" if cfg.is_head else f" (worker, rank {cfg.node_rank})")
     out = [HEADER]
     if nodes > 1 and members:
@@ -185,7 +184,7 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
     if cfg.shm_size_rendered:
         out.append(f"ShmSize={cfg.shm_size_rendered}\n")
     out.append("RunInit=true\n")  # an init as PID 1 forwards SIGTERM and reaps vLLM's worker processes
-    model_host = cfg.model_dir if cfg.model_layout == "hf_cache" else cfg.model_root
+    model_host = cfg.model_dir
     out.append(f"Volume={model_host}:{cfg.model_mount}:ro\n")
     if cfg.jit_cache_dir:
         out.append(f"Volume={cfg.jit_cache_dir}:{cfg.jit_cache_mount}\n")
@@ -313,15 +312,14 @@ def inference_service():
     unit_text = render_container(cfg, head, nodes, cluster.members)
     unit_path = f"{UNIT_DIR}/{cfg.container_name}.container"
     batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, unit_path)  # read in one round trip
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    atomic_put(batch=batch, name="Install the RoCE GID lookup", src=os.path.join(here, "files/inference_service/roce_gid.py"),
+    atomic_put(batch=batch, name="Install the RoCE GID lookup", src=helper_path("inference_service/roce_gid.py"),
               dest=ROCE_HELPER, user="root", group="root", mode="0755", create_remote_dir=True)
     atomic_put(batch=batch, name="Install its start-time wrapper",
               src=StringIO(f"#!/bin/sh\nexec python3 {ROCE_HELPER} \"$@\" --sysfs {cfg.roce_sysfs_root}\n"),
               dest=ROCE_GID, user="root", group="root", mode="0755")
-    atomic_put(batch=batch, name="Install the vLLM command-line check", src=os.path.join(here, "files/inference_service/check_vllm_args.py"),
+    atomic_put(batch=batch, name="Install the vLLM command-line check", src=helper_path("inference_service/check_vllm_args.py"),
               dest=ARGS_CHECK, user="root", group="root", mode="0644", create_remote_dir=True)
-    atomic_put(batch=batch, name="Install the multi-node job probe", src=os.path.join(here, "files/inference_service/job_probe.py"),
+    atomic_put(batch=batch, name="Install the multi-node job probe", src=helper_path("inference_service/job_probe.py"),
               dest=JOB_PROBE, user="root", group="root", mode="0644", create_remote_dir=True)
     for path in (cfg.jit_cache_dir, cfg.container_tmp_dir):
         if path:

@@ -11,6 +11,7 @@ from pyinfra.api import State
 from pyinfra.api.inventory import Inventory, extract_name_data
 from pyinfra.context import ctx_state
 
+from deploys.run_state import kept
 from deploys.schema import Cluster, NodeConfig, cluster_of, validate_inventory
 
 
@@ -37,23 +38,20 @@ def _remember_hosts_listed_twice() -> None:
 
 _remember_hosts_listed_twice()
 
-# id(inventory) -> (inventory, configs): each deploy file is exec'd once per host, validation runs once.
-_VALIDATED: dict[int, tuple[Inventory, dict[str, NodeConfig]]] = {}
-
-
 def inventory_configs(inventory: Inventory | None = None) -> dict[str, NodeConfig]:
-    """Every host's validated config; raises InventoryValidationError naming host, key and value.
+    """Every host's validated config; raises InventoryValidationError naming host, key and value. Validated once
+    per inventory (each deploy file is exec'd once per host), kept on it (deploys/run_state.py).
 
     Inside a pyinfra run, `--limit` is passed on: a host outside it whose only problems are profile gaps is
     left out (deploys/schema/cross_host.py validate_hosts)."""
     inventory = inventory if inventory is not None else current_state.inventory
-    cached = _VALIDATED.get(id(inventory))
-    if cached is None or cached[0] is not inventory:
+
+    def validated() -> dict[str, NodeConfig]:
         state = ctx_state.get()
         limit = getattr(state, "limit_hosts", None) if getattr(state, "inventory", None) is inventory else None
-        cached = (inventory, validate_inventory(inventory, limit))
-        _VALIDATED[id(inventory)] = cached
-    return cached[1]
+        return validate_inventory(inventory, limit)
+
+    return kept(inventory, "validated configs", validated)
 
 
 def node_config(host=None) -> NodeConfig:

@@ -28,18 +28,19 @@ import ipaddress
 import re
 import secrets
 import uuid
-import weakref
 from dataclasses import dataclass, field
 from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
-from pyinfra.context import ctx_state
-from pyinfra.facts.server import Command
 
 from deploys.inventory import inventory_configs, node_config
+from deploys.model_push import push_from_control
 from deploys.ops import fail_host, upload_private
+from deploys.run_state import kept, this_run
 from deploys.schema import NodeConfig
+from facts.model import SeedDaemon
+from files import helper_text
 
 SEED_UNIT = "inference-nodes-model-seed"
 SEED_DIR = "/run/inference-nodes/model-seed"
@@ -48,6 +49,7 @@ SEED_MAX_SECONDS = 6 * 3600  # a run killed mid-way leaves no daemon behind for 
 PULL_UNIT = "inference-nodes-model-pull"
 PULL_GUARD_SECONDS = 300  # a target's password left by a run killed before its pull started lives this long at most
 PEER_PULL = "/usr/local/lib/inference-nodes/peer_pull.py"
+SEED_LISTENING = "model_snapshot/seed_listening.py"  # run as python3 -c: nothing installed
 
 
 @dataclass(frozen=True)
@@ -102,19 +104,18 @@ class _Run:
         return self.secrets.setdefault(server, secrets.token_urlsafe(32))
 
 
-_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _run(state=None) -> _Run:
-    # pyinfra's `state` is a context proxy (the same object in every run): key on the State itself
-    state = state if state is not None else ctx_state.get()
-    if state not in _runs:
+    """This run's fan-out (deploys/run_state.py), planned for the hosts it connected."""
+    state = state if state is not None else this_run()
+
+    def planned() -> _Run:
         configs = inventory_configs(state.inventory)
         running = [(h.name, configs[h.name]) for h in state.inventory
                    if h in state.activated_hosts and state.is_host_in_limit(h)]
         plan = fanout_plan(running)
-        _runs[state] = _Run(1 + max((a.wave for a in plan.values()), default=0), plan)
-    return _runs[state]
+        return _Run(1 + max((a.wave for a in plan.values()), default=0), plan)
+
+    return kept(state, "model fan-out", planned)
 
 
 def run_plan() -> tuple[int, dict[str, Assignment]]:
@@ -132,7 +133,7 @@ def recorded_verdict(name: str) -> dict | None:
 
 
 def run_host(name: str):
-    return ctx_state.get().inventory.get_host(name)
+    return this_run().inventory.get_host(name)
 
 
 def peer_endpoint(peer) -> tuple[str, int]:
@@ -175,29 +176,6 @@ def render_rsyncd_conf(root: str, max_connections: int) -> str:
         f"[model]\n    path = {root}\n    read only = yes\n    list = no\n    auth users = {SEED_USER}\n"
         f"    secrets file = {SEED_DIR}/secrets\n    strict modes = yes\n"
     )
-
-
-_WAIT_LISTENING = (
-    "import socket, subprocess, sys, time\n"
-    "addr, port, unit = sys.argv[1], int(sys.argv[2]), sys.argv[3]\n"
-    "def active():\n"
-    "    return subprocess.run(['systemctl', 'is-active', '--quiet', unit]).returncode == 0\n"
-    "for _ in range(100):\n"
-    "    try:\n"
-    "        socket.create_connection((addr, port), 0.5).close()\n"
-    "    except OSError:\n"
-    "        if not active():\n"
-    "            break\n"
-    "        time.sleep(0.1)\n"
-    "        continue\n"
-    "    time.sleep(0.3)\n"
-    "    if active():\n"
-    "        sys.exit(0)\n"
-    "    break\n"
-    "log = subprocess.run(['journalctl', '-u', unit, '-n', '3', '--no-pager', '-o', 'cat'], capture_output=True,"
-    " text=True).stdout.strip().replace(chr(10), ' | ')\n"
-    "sys.exit(f'cannot serve peers on {addr}:{port}: {unit} is not running ({log or \"no log\"})')\n"
-)
 
 
 @operation()
@@ -251,7 +229,8 @@ def peers_served(wave: int, targets: list[str], root: str):
         "rsync", "--daemon", "--no-detach", f"--config={SEED_DIR}/rsyncd.conf", QuoteString(f"--address={address}"),
         f"--port={port}",
     )
-    yield StringCommand("python3", "-c", QuoteString(_WAIT_LISTENING), QuoteString(address), str(port), SEED_UNIT)
+    yield StringCommand("python3", "-c", QuoteString(helper_text(SEED_LISTENING)), QuoteString(address), str(port),
+                        SEED_UNIT)
     yield FunctionCommand(_mark_serving, (f"serving its verified model copy on {address}:{port} to "
                                           f"{', '.join(needy)}",), {})
 
@@ -265,18 +244,17 @@ def _mark_serving(state, host, message: str) -> bool:
 @operation()
 def peers_stopped():
     """No seed daemon and no run secret left on the node once the run's waves are done."""
-    seen = host.get_fact(Command, command=f"systemctl is-active {SEED_UNIT} 2>/dev/null; "
-                                          f"test -d {SEED_DIR} && echo seed-dir; true").split()
-    if seen[:1] in (["active"], ["activating"]):
+    seed = host.get_fact(SeedDaemon, unit=SEED_UNIT, secret_dir=SEED_DIR)
+    if seed["running"]:
         yield StringCommand("systemctl", "stop", SEED_UNIT)
-    if "seed-dir" in seen:
+    if seed["secret_dir"]:
         yield StringCommand("rm", "-rf", SEED_DIR)
-    if not (seen[:1] in (["active"], ["activating"]) or "seed-dir" in seen):
+    if not (seed["running"] or seed["secret_dir"]):
         host.noop("no seed daemon, no run secret")
 
 
-def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str, fallback) -> bool:
-    """Fetch ``refetch`` from ``source``'s seed; when it cannot serve, ``fallback(state, host, refetch)``."""
+def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str) -> bool:
+    """Fetch ``refetch`` from ``source``'s seed; when it cannot serve, from the control node."""
     peer = state.inventory.get_host(source)
     if peer in state.failed_hosts:
         reason = "it failed earlier in this run"
@@ -288,8 +266,7 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str, 
         sudo = {"_sudo": True} if host.data.get("_sudo") else {}
         password = f"{SEED_DIR}/password-{hashlib.sha256(source.encode()).hexdigest()[:16]}"  # no name in a path
         url = f"rsync://{SEED_USER}@{f'[{address}]' if ':' in address else address}:{port}/model/"
-        dest = cfg.model_dir if cfg.model_layout == "hf_cache" else cfg.model_root
-        snapshot = f"snapshots/{cfg.model_revision}" if cfg.model_layout == "hf_cache" else ""
+        dest = cfg.model_dir
         unit = f"{PULL_UNIT}-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
         # the guard first: should the run die before the pull unit starts, the password goes after a while
         ok, out = host.run_shell_command(StringCommand(  # a killed run's pull of the same peer ends first
@@ -310,7 +287,7 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str, 
                     QuoteString(f"--property=ExecStartPre=-+/bin/systemctl stop {unit}-guard.timer"),
                     QuoteString(f"--property=ExecStopPost=+/bin/rm -f {password}"),
                     "python3", PEER_PULL, QuoteString(url), QuoteString(dest), password, manifest,
-                    "--layout", cfg.model_layout, "--snapshot", QuoteString(snapshot),
+                    "--layout", cfg.model_layout, "--snapshot", QuoteString(cfg.snapshot_subdir),
                     "--streams", str(cfg.model_rsync_streams), *(QuoteString(p) for p in sorted(refetch)),
                 ), **sudo)
         finally:  # not left behind even if this host fails before the run's stop operation
@@ -324,4 +301,4 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str, 
         reason = (out.stderr.strip().splitlines() or ["could not pull"])[-1]
     host.log_styled(f"peer {source} cannot feed {host.name} ({reason}): the control node feeds it instead",
                     fg="yellow", log_func=logger.warning)
-    return fallback(state, host, refetch)
+    return push_from_control(state, host, refetch)

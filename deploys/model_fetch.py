@@ -1,4 +1,4 @@
-"""Control-node download for the `push` mode, run as a subprocess by deploys/model_snapshot.py:
+"""Control-node download for the `push` mode, run as a subprocess by deploys/model_push.py:
 
     python -m deploys.model_fetch REPO COMMIT MANIFEST CACHE ENDPOINT [--token-file F]
 

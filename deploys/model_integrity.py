@@ -14,7 +14,6 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
-from pyinfra.facts.server import Command
 from pyinfra.operations import systemd
 
 from deploys.inventory import node_config
@@ -22,6 +21,7 @@ from deploys.model_snapshot import MANIFEST, RECORD, STAMP, VERIFIER
 from deploys.ops import atomic_put
 from deploys.schema import NodeConfig
 from deploys.unit_text import command_line
+from facts.host import SystemdNeedsReload
 
 UNIT = "inference-nodes-model-verify"
 UNIT_DIR = "/etc/systemd/system"
@@ -81,8 +81,7 @@ def units_loaded(units: list[str]):
 
     + units: unit names
     """
-    needs = host.get_fact(Command, command=f"systemctl show -p NeedDaemonReload --value {' '.join(units)}")
-    if "yes" not in (needs or "").split():
+    if not host.get_fact(SystemdNeedsReload, units=tuple(units)):
         host.noop(f"systemd has loaded {', '.join(units)} as they are on disk")
         return
     yield StringCommand("systemctl", "daemon-reload")

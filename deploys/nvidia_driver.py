@@ -27,7 +27,7 @@ from deploys.ops import (
     follow_up_stamp,
     keyring_verified,
 )
-from deploys.schema import NodeConfig, NvidiaDriverKeys, defaults_of
+from deploys.schema import NodeConfig, NvidiaDriverKeys
 from facts.nvidia import (
     DRIVER_VERSION,
     KernelPackages,
@@ -37,7 +37,6 @@ from facts.nvidia import (
     kernel_hold_set,
 )
 
-DEFAULTS = defaults_of(NvidiaDriverKeys)  # keys, defaults and meanings: README "Inventory keys"
 
 PIN_FILE = "/etc/apt/preferences.d/90-inference-nodes-nvidia-driver"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51inference-nodes-nvidia-driver"
@@ -232,7 +231,7 @@ def driver_loaded(root: str, allow_reboot: bool, reboot_delay: int = 10):
     yield FunctionCommand(_recheck_after_reboot, (root,), {})
 
 
-@deploy("NVIDIA driver", data_defaults=DEFAULTS)
+@deploy("NVIDIA driver")
 def nvidia_driver():
     cfg: NodeConfig = node_config()
     batch = (PIN_FILE, UNATTENDED_FILE, SOURCE_FILE, NOUVEAU_FILE)  # read in one round trip

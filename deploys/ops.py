@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import posixpath
 import shlex
 import uuid
@@ -15,6 +14,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 from pyinfra.facts.files import FileContents
 
 from facts.apt import AptHolds, KeyringFingerprints
+from files import helper_text
 from facts.host import ManagedFiles
 
 
@@ -23,14 +23,26 @@ def flat_repo_source(header: str, uri: str, keyring: str) -> str:
     return f"{header}Types: deb\nURIs: {uri.rstrip('/')}/\nSuites: /\nSigned-By: {keyring}\n"
 
 
-def _log_and_fail(state, host, message: str) -> bool:
+def host_failed(host, message: str) -> bool:
+    """Log ``message`` for ``host`` and return False: what a FunctionCommand's body returns to fail its host."""
     host.log_styled(message, fg="red", log_func=logger.error)
     return False
 
 
 def fail_host(message: str) -> FunctionCommand:
-    """A command that fails this host alone, with ``message`` (raising in an operation aborts every host)."""
-    return FunctionCommand(_log_and_fail, (message,), {})
+    """A command that fails this host alone, with ``message``: the one way an operation fails a host (yield it;
+    ``refuse`` at deploy level). Raising in an operation aborts every host; only preflight stops the whole run,
+    on purpose (PreflightError)."""
+    return FunctionCommand(_fail_host, (message,), {})
+
+
+def _fail_host(state, host, message: str) -> bool:
+    return host_failed(host, message)
+
+
+class ControlNodeError(RuntimeError):
+    """The control node cannot provide what a host needs (its model download, the hub client's wheels): that
+    host fails, with this message (fail_host, host_failed); the others go on."""
 
 
 FOLLOW_UP_DIR = "/var/lib/inference-nodes/follow-ups"
@@ -138,12 +150,9 @@ def keyring_verified(url: str, fingerprint: str, dest: str, resets: str | None =
     if host.get_fact(KeyringFingerprints, path=dest) == [fingerprint]:
         host.noop(f"{dest} holds key {fingerprint} alone")
         return
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(here, "files/apt/install_signing_key.sh")) as f:
-        script = f.read()
     if resets:
         yield StringCommand("rm", "-f", QuoteString(resets))
-    yield StringCommand("sh", "-c", QuoteString(script), "install_signing_key", QuoteString(url),
+    yield StringCommand("sh", "-c", QuoteString(helper_text("apt/install_signing_key.sh")), "install_signing_key", QuoteString(url),
                         QuoteString(fingerprint), QuoteString(dest))
 
 

@@ -16,11 +16,12 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 
-from deploys.host_tuning import shm_problem, shm_reason
+from deploys.host_tuning import host_shm_problem
 from deploys.inventory import node_config
 from deploys.nvidia_driver import packages_differ_message
+from deploys.run_state import kept
 from deploys.schema import NodeConfig
-from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources
+from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources, NodeResourcesDict
 from facts.nvidia import KernelPackages, NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, driver_state
 
 ARCH_ALIASES = {"arm64": "aarch64", "amd64": "x86_64"}
@@ -36,9 +37,6 @@ class PreflightError(DeployError):
 class _Run:
     rows: dict[str, list[str]] = field(default_factory=dict)
     problems: dict[str, list[str]] = field(default_factory=dict)
-
-
-_RUNS: dict[int, _Run] = {}
 
 
 def _gib(n: int) -> str:
@@ -59,7 +57,7 @@ def fabric_problem(cfg: NodeConfig, addresses: list[str]) -> str | None:
             f"{', '.join(a.split('/')[0] for a in addresses)}): the other ranks could not reach it")
 
 
-def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = None,
+def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: dict | None = None,
                  addresses: list[str] | None = None, devices: list[str] | None = None) -> list[str]:
     """What stops this host from running its profile (empty when it can). ``devices``: which of
     ``cfg.container_devices`` exist on the node."""
@@ -90,8 +88,7 @@ def problems_for(cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = 
             f"too little disk for the model at {cfg.model_root}: {res['disk_free_bytes']} bytes free at "
             f"{res['disk_path']}, {need} bytes still needed (model_size_gb {cfg.model_size_gb:g})"
         )
-    # the host's /dev/shm is the container's only with --ipc=host; otherwise validation checked ShmSize=
-    shm = shm_problem(shm_bytes, cfg.shm_required_bytes, shm_reason(cfg)) if cfg.container_shm_bytes is None else None
+    shm = host_shm_problem(cfg, shm_bytes)
     if shm:
         out.append(shm)
     return out
@@ -127,7 +124,7 @@ def driver_column(state: dict) -> str:
     return text if state["state"] in ("ok", "module_only") else f"{text} (REBOOT REQUIRED: {state['reason']})"
 
 
-def row_for(name: str, cfg: NodeConfig, res: dict, shm_bytes: int, smi: dict | None = None,
+def row_for(name: str, cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: dict | None = None,
             state: dict | None = None) -> list[str]:
     return [
         name, f"{cfg.cluster_name}/{cfg.node_rank}",
@@ -159,7 +156,7 @@ def preflight():
 
     # every fact is read above: a fact read yields to the other hosts, which must not see this host's row
     # before its problems
-    run = _RUNS.setdefault(id(host.state), _Run())
+    run = kept(host.state, "preflight", _Run)
     run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes, smi, state)
     run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, addresses, devices) + driver_problems(cfg, state)
     active = [h.name for h in host.state.inventory.get_active_hosts()]

@@ -7,6 +7,12 @@ import shlex
 from pyinfra.api import FactBase
 
 
+def held_packages(showhold: list[str]) -> list[str]:
+    """Package names from `apt-mark showhold` lines, architecture qualifiers dropped (`libfoo:amd64`), sorted:
+    the one parser of holds (AptHolds, and the holds section of facts/nvidia.py NvidiaDriverPackages)."""
+    return sorted(line.strip().split(":")[0] for line in showhold if line.strip())
+
+
 class AptHolds(FactBase[list]):
     """Packages on hold (`apt-mark showhold`)."""
 
@@ -19,7 +25,7 @@ class AptHolds(FactBase[list]):
         return "apt-mark showhold"
 
     def process(self, output: list[str]) -> list[str]:
-        return sorted(line.strip().split(":")[0] for line in output if line.strip())
+        return held_packages(output)
 
 
 class KeyringFingerprints(FactBase[list]):

@@ -13,6 +13,13 @@ from pyinfra.api.exceptions import FactProcessError
 _MARK = "##inference-nodes:"
 
 
+def podman_version(output: str) -> str | None:
+    """The version in `podman --version`'s output (`podman version 4.9.3` -> `4.9.3`), None when there is
+    none: the one parser of it (PodmanVersion, and facts/host.py NodeResources for the preflight table)."""
+    m = re.search(r"(\d+\.\d+(?:\.\d+)?)", output)
+    return m.group(1) if m else None
+
+
 class PodmanVersion(FactBase[str]):
     """Podman's version (`4.9.3`), or None when Podman is not installed."""
 
@@ -27,10 +34,10 @@ class PodmanVersion(FactBase[str]):
         return "podman --version"
 
     def process(self, output: list[str]) -> str:
-        m = re.search(r"(\d+\.\d+(?:\.\d+)?)", " ".join(output))
-        if not m:
+        version = podman_version(" ".join(output))
+        if version is None:
             raise FactProcessError(f"PodmanVersion: unexpected output {output!r}")
-        return m.group(1)
+        return version
 
 
 def parse_cdi_spec(text: str) -> dict[str, Any]:

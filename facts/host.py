@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
+
+from facts.containers import podman_version
 
 # Shared by two facts: move $p up to its nearest existing parent (the model path may not exist yet), and
 # the bytes available there.
@@ -33,13 +35,27 @@ echo "disk_path=$p"
 echo "disk_free_bytes=$({avail})"
 if [ -e {snapshot_dir} ]; then echo "model_present_bytes=$(du -sbL {snapshot_dir} 2>/dev/null | cut -f1)"; else echo "model_present_bytes=0"; fi
 echo "rdma=$(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' ')"
-if command -v podman >/dev/null 2>&1; then echo "podman=$(podman --version 2>/dev/null | awk '{print $NF}')"; else echo "podman="; fi
+if command -v podman >/dev/null 2>&1; then echo "podman=$(podman --version 2>/dev/null)"; else echo "podman="; fi
 """
 
 _INT_KEYS = ("cpus", "mem_bytes", "disk_free_bytes", "model_present_bytes")
 
 
-class NodeResources(FactBase[dict]):
+class NodeResourcesDict(TypedDict):
+    os: NotRequired[str]  # PRETTY_NAME of /etc/os-release ("unknown" without one)
+    dgx_os: str | None  # DGX OS version from /etc/dgx-release; None: not DGX OS
+    arch: str  # uname -m
+    kernel: NotRequired[str]  # uname -r
+    cpus: int
+    mem_bytes: int
+    disk_path: NotRequired[str]  # the model path, or its nearest existing parent: where free space is read
+    disk_free_bytes: int
+    model_present_bytes: int  # bytes of the snapshot already there (0: none)
+    rdma: list[str]  # /sys/class/infiniband devices
+    podman: str | None  # Podman's version; None: not installed
+
+
+class NodeResources(FactBase[NodeResourcesDict]):
     """OS (and the DGX OS version from /etc/dgx-release, where present), arch, kernel, CPUs, RAM, free disk at
     the model path, RDMA devices, Podman version.
 
@@ -57,8 +73,8 @@ class NodeResources(FactBase[dict]):
                 .replace("{model_root}", shlex.quote(model_root))
                 .replace("{snapshot_dir}", shlex.quote(snapshot_dir)))
 
-    def process(self, output: list[str]) -> dict[str, Any]:
-        values: dict[str, Any] = {}
+    def process(self, output: list[str]) -> NodeResourcesDict:
+        values: dict = {}
         for line in output:
             if "=" in line:
                 key, value = line.split("=", 1)
@@ -72,7 +88,7 @@ class NodeResources(FactBase[dict]):
         except ValueError as e:
             raise FactProcessError(f"NodeResources: {e}") from e
         values["rdma"] = values.get("rdma", "").split()
-        values["podman"] = values.get("podman") or None
+        values["podman"] = podman_version(values.get("podman", ""))
         values["dgx_os"] = values.get("dgx_os") or None
         return values
 
@@ -111,7 +127,14 @@ class FreeBytes(FactBase[int]):
 
 
 
-class ManagedFiles(FactBase[dict]):
+class ManagedFileDict(TypedDict):
+    user: str
+    group: str
+    mode: int  # as pyinfra's File fact gives it: 644
+    sha1: str
+
+
+class ManagedFiles(FactBase[dict[str, ManagedFileDict | None]]):
     """Owner, group, mode and sha1 of several managed files in one round trip: ``{path: {"user", "group",
     "mode", "sha1"} or None}`` (None: not a regular file; mode as pyinfra's File fact gives it, e.g. 644)."""
 
@@ -121,8 +144,8 @@ class ManagedFiles(FactBase[dict]):
                 f"\"$(stat -c '%U %G %a' -- \"$p\")\" \"$(sha1sum -- \"$p\" | cut -d' ' -f1)\"; "
                 f"else printf '%s\\t-\\n' \"$p\"; fi; done")
 
-    def process(self, output: list[str]) -> dict[str, Any]:
-        files: dict[str, Any] = {}
+    def process(self, output: list[str]) -> dict[str, ManagedFileDict | None]:
+        files: dict[str, ManagedFileDict | None] = {}
         for line in output:
             path, _, state = line.partition("\t")
             if state.strip() == "-":
@@ -160,3 +183,29 @@ class ExistingPaths(FactBase[list]):
 
     def process(self, output: list[str]) -> list[str]:
         return [line for line in output if line]
+
+
+class SystemdDefaultLimits(FactBase[dict]):
+    """The default limits systemd's manager gives services now (`systemctl show -p DefaultLimitMEMLOCK ...`), as
+    systemd writes them (bytes, or `infinity`): ``{"DefaultLimitNOFILE": "1048576", ...}``; {} where systemd
+    does not run as init."""
+
+    default = dict
+
+    def command(self, names: tuple[str, ...]) -> str:
+        return f"systemctl show {' '.join(f'-p {shlex.quote(n)}' for n in names)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        return dict(line.strip().split("=", 1) for line in output if "=" in line)
+
+
+class SystemdNeedsReload(FactBase[bool]):
+    """Whether any of ``units`` changed on disk since systemd loaded it (its own NeedDaemonReload)."""
+
+    default = bool
+
+    def command(self, units: tuple[str, ...]) -> str:
+        return f"systemctl show -p NeedDaemonReload --value {' '.join(shlex.quote(u) for u in units)}"
+
+    def process(self, output: list[str]) -> bool:
+        return "yes" in " ".join(output).split()

@@ -13,6 +13,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
+from facts.apt import held_packages
 
 # Driver packages: their versions start with the branch (580.95.05-1, 580.95.05-0ubuntu0.24.04.2).
 # Toolkit packages share the prefixes (nvidia-container-toolkit, libnvidia-container1) but are 1.x.
@@ -61,8 +62,7 @@ class NvidiaDriverPackages(FactBase[dict]):
             if line.strip() == f"{_MARK}holds":
                 in_holds = True
             elif in_holds:
-                if line.strip():
-                    held.append(line.strip().split(":")[0])
+                held.append(line)
             else:
                 parts = line.split("|")
                 if len(parts) != 3:
@@ -73,7 +73,7 @@ class NvidiaDriverPackages(FactBase[dict]):
                     continue
                 if DRIVER_PACKAGE.match(name) and upstream_version(version):
                     installed[name] = version
-        return {"installed": installed, "held": sorted(held)}
+        return {"installed": installed, "held": held_packages(held)}
 
 
 def _depends(field: str) -> tuple[list[str], str | None]:

@@ -56,7 +56,7 @@ from deploys.schema.cross_host import (
 from deploys.schema.host_tuning import HostTuningKeys
 from deploys.schema.image import ImageKeys
 from deploys.schema.model import ModelKeys
-from deploys.schema.node import COMPONENT_KEYS, NodeConfig, defaults_of
+from deploys.schema.node import COMPONENT_KEYS, NodeConfig
 from deploys.schema.nvidia_driver import NvidiaDriverKeys
 from deploys.schema.package_manager import PackageManagerKeys
 from deploys.schema.parse import PYINFRA_KEYS, parse_node, schema_data
@@ -69,7 +69,7 @@ __all__ = [
     "SYSTEM_DIRS", "AbsPath", "Cluster", "ClusterKeys", "ComponentKeys", "ContainerKeys", "ContainerRuntimeKeys",
     "EnvMap", "GateKeys", "HostTuningKeys", "ImageKeys", "InventoryValidationError", "KeyRuleError", "ModelKeys", "NodeConfig",
     "NvidiaDriverKeys", "PackageManagerKeys", "Problem", "Registry", "RegistryMirror", "cluster_head", "cluster_of", "cluster_problems",
-    "clusters", "control_file_problems", "defaults_of", "derived_vllm_flag", "group_problems", "looks_secret",
+    "clusters", "control_file_problems", "derived_vllm_flag", "group_problems", "looks_secret",
     "machine_problems", "markdown_table", "parse_node", "readme_with_table", "schema_data", "shown_value",
     "validate_hosts", "validate_inventory",
 ]

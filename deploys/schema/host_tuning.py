@@ -45,3 +45,19 @@ class HostTuningKeys(ComponentKeys):
                     "no NCCL_IB_GID_INDEX here: it is read from sysfs per node, or pinned with nccl_ib_gid_index",
                 )
         return self
+
+    # memlock in the three forms its three readers take (one home: every renderer and audit reads these)
+    @property
+    def memlock_limits_d(self) -> str:
+        """limits.d's form: KiB, or `unlimited` (pam_limits)."""
+        return "unlimited" if self.limits_memlock == "unlimited" else str(self.limits_memlock // 1024)
+
+    @property
+    def memlock_systemd(self) -> str:
+        """systemd's form (`LimitMEMLOCK=`, `DefaultLimitMEMLOCK=`): bytes, or `infinity`."""
+        return "infinity" if self.limits_memlock == "unlimited" else str(self.limits_memlock)
+
+    @property
+    def memlock_podman(self) -> str:
+        """Podman's form (`--ulimit memlock=N:N`): bytes, or `-1`."""
+        return "-1" if self.limits_memlock == "unlimited" else str(self.limits_memlock)

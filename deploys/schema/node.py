@@ -8,7 +8,6 @@ listed in :data:`COMPONENT_KEYS`); a rule between two components' keys, or a val
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from pydantic import model_validator
 
@@ -104,8 +103,18 @@ class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKey
     def snapshot_dir(self) -> str:
         """Host directory holding the files of the pinned commit."""
         if self.model_layout == "hf_cache":
-            return f"{self.model_dir}/snapshots/{self.model_revision}"
+            return f"{self.model_dir}/{self.snapshot_subdir}"
         return self.model_root
+
+    @property
+    def snapshot_subdir(self) -> str:
+        """:attr:`snapshot_dir` relative to :attr:`model_dir` ("" in the plain layout)."""
+        return f"snapshots/{self.model_revision}" if self.model_layout == "hf_cache" else ""
+
+    @property
+    def hub_download_dir(self) -> str:
+        """Where huggingface_hub downloads in `hub` mode: its cache_dir (hf_cache), or the local_dir (plain)."""
+        return f"{self.model_root}/hub" if self.model_layout == "hf_cache" else self.model_root
 
     @property
     def image_ref(self) -> str:
@@ -146,12 +155,3 @@ COMPONENT_KEYS: dict[str, type[ComponentKeys]] = {
 }
 
 
-def defaults_of(keys: type[ComponentKeys]) -> dict[str, Any]:
-    """The documented defaults of one component; required keys are left out. Nothing needs them at run time
-    (every deploy reads :class:`NodeConfig`, never ``host.data``): kept only for deploys/nvidia_driver.py's
-    ``DEFAULTS`` until that file drops it."""
-    return {
-        name: field.default
-        for name, field in keys.model_fields.items()
-        if name in keys.__annotations__ and not field.is_required()
-    }

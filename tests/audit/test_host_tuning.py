@@ -24,7 +24,7 @@ def test_limits_d_raises_memlock_nofile_stack_for_users_and_root(node):
     f = node.host.file(LIMITS_FILE)
     assert f.is_file and f.user == "root" and f.mode == 0o644
     entries = _limits_entries(f.content_string)
-    memlock = "unlimited" if node.cfg.limits_memlock == "unlimited" else str(node.cfg.limits_memlock // 1024)
+    memlock = node.cfg.memlock_limits_d
     expected = {"memlock": memlock, "nofile": str(node.cfg.limits_nofile), "stack": str(node.cfg.limits_stack // 1024)}
     for domain in ("*", "root"):  # pam_limits' wildcard does not cover root
         for kind in ("soft", "hard"):
@@ -35,9 +35,8 @@ def test_limits_d_raises_memlock_nofile_stack_for_users_and_root(node):
 def test_systemd_default_limits_for_services(node):
     shown = node.host.check_output("systemctl show -p DefaultLimitMEMLOCK -p DefaultLimitNOFILE -p DefaultLimitSTACK")
     props = dict(line.split("=", 1) for line in shown.splitlines())
-    memlock = "infinity" if node.cfg.limits_memlock == "unlimited" else str(node.cfg.limits_memlock)
     assert props == {
-        "DefaultLimitMEMLOCK": memlock,
+        "DefaultLimitMEMLOCK": node.cfg.memlock_systemd,
         "DefaultLimitNOFILE": str(node.cfg.limits_nofile),
         "DefaultLimitSTACK": str(node.cfg.limits_stack),
     }

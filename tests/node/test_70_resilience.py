@@ -68,6 +68,25 @@ def test_a_run_killed_between_writing_a_unit_and_reloading_systemd_is_completed_
     assert "Sun" in on_node(node, calendar).stdout
 
 
+def test_a_run_killed_between_writing_systemd_defaults_and_the_reexec_is_completed_by_the_next(sandbox):
+    """The re-exec is decided from systemd's manager state (`systemctl show`), not from the drop-in's change."""
+    node, dropin = "sandbox-a", "/etc/systemd/system.conf.d/90-inference-nodes.conf"
+    shown = "systemctl show -p DefaultLimitNOFILE --value"
+    pyinfra(INVENTORY, "deploys/all.py", "--limit", node)  # converged (a no-op in module order)
+    rendered = on_node(node, f"cat {dropin}").stdout
+    want = next(line.split("=", 1)[1] for line in rendered.splitlines() if line.startswith("DefaultLimitNOFILE="))
+    assert on_node(node, shown).stdout.strip() == want
+    other = rendered.replace(f"DefaultLimitNOFILE={want}", f"DefaultLimitNOFILE={int(want) // 2}")
+    assert on_node(node, f"printf %s {shlex.quote(other)} > {dropin} && systemctl daemon-reexec").returncode == 0
+    # the killed run: the rendered drop-in is back on disk, systemd was never re-executed
+    assert on_node(node, f"printf %s {shlex.quote(rendered)} > {dropin}").returncode == 0
+    assert on_node(node, shown).stdout.strip() == str(int(want) // 2)
+    changed = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node))
+    assert changed == [("Host tuning | Re-execute systemd so the new default limits apply", [node])], changed
+    assert on_node(node, shown).stdout.strip() == want
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
+
+
 def test_unreachable_node_fails_alone_and_the_others_finish(sandbox, tmp_path):
     # the same inventory, but one node's ssh port points nowhere (named sandbox.py: same stand-in group data)
     with open(INVENTORY) as f:

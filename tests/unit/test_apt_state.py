@@ -57,3 +57,11 @@ def test_other_failures_are_not_retried():
 def test_lock_dropin_sets_dpkg_lock_timeout():
     assert 'DPkg::Lock::Timeout "600";' in render_lock_dropin(600)
     assert render_lock_dropin(30).splitlines()[-1] == 'DPkg::Lock::Timeout "30";'
+
+
+def test_holds_parsed_once_for_every_fact():
+    from facts.apt import AptHolds, held_packages
+
+    showhold = ["nvidia-open", "libnvidia-compute-580:amd64", "", "  cuda-drivers  "]
+    assert AptHolds().process(showhold) == held_packages(showhold) == [
+        "cuda-drivers", "libnvidia-compute-580", "nvidia-open"]

@@ -19,7 +19,7 @@ disk_path=/mnt
 disk_free_bytes=83963756544
 model_present_bytes=0
 rdma=
-podman=5.4.2""".splitlines()
+podman=podman version 5.4.2""".splitlines()
 
 
 PROFILE_A = profile("rtx_pro_6000_pair")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from deploys import hub_lock
-from deploys.model_snapshot import HUB_LOCK_NAME, HUB_VERSION, control_wheels, node_install_command
+from deploys.model_hub import HUB_LOCK_NAME, HUB_VERSION, control_wheels, node_install_command
 
 REFUSED = "DO NOT MATCH THE HASHES"  # pip's message for a file whose sha256 is not in the requirements
 

@@ -364,10 +364,10 @@ def test_remove_cli_takes_names_that_look_like_options_and_exits_1_on_a_refusal(
 
 
 def test_control_push_refuses_a_control_copy_link_that_leaves_the_repo_folder(hf_cache, tmp_path):
-    from deploys.model_snapshot import rsync_plan
+    from deploys.model_push import rsync_plan
 
     cfg = SimpleNamespace(model_layout="hf_cache", model_revision=COMMIT, model_root="/models",
-                          model_dir="/models/hub/models--x")
+                          model_dir="/models/hub/models--x", snapshot_subdir=f"snapshots/{COMMIT}")
     src, dest, paths, _ = rsync_plan(cfg, hf_cache.dir, ["config.json", "original/params.json"])
     assert src == hf_cache.repo and all(p.startswith(("snapshots/", "blobs/")) for p in paths)
     (tmp_path / "id_rsa").write_text("secret")

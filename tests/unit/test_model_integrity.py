@@ -45,3 +45,15 @@ def test_interval_window_rate_and_policy_keys(every, calendar, days):
 def test_bad_schedule_values_are_refused(key, value):
     with pytest.raises(ValidationError, match=key):
         cfg(**{key: value})
+
+
+def test_needs_reload_fact_from_systemctl_show_output():
+    from facts.host import SystemdNeedsReload
+
+    fact = SystemdNeedsReload()
+    units = ("inference-nodes-model-verify.service", "inference-nodes-model-verify.timer")
+    assert fact.command(units=units) == ("systemctl show -p NeedDaemonReload --value "
+                                         "inference-nodes-model-verify.service inference-nodes-model-verify.timer")
+    assert fact.process(["no", "", "yes"]) is True  # one value per unit, a blank line between
+    assert fact.process(["no", "", "no"]) is False
+    assert fact.process([]) is False

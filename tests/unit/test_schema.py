@@ -229,3 +229,17 @@ def test_control_node_files_are_checked_once_the_keys_parse_and_all_at_once(tmp_
         ("model_hub_token_file", "an existing file on the control node"),
         ("registry_auth_file", "an existing file on the control node"),
     }
+
+
+@pytest.mark.parametrize("layout", ["hf_cache", "plain"])
+def test_model_paths_derived_once_for_each_layout(layout):
+    from deploys.schema import NodeConfig
+
+    cfg = NodeConfig.model_validate({**PROFILE_A, "node_rank": 0, "model_layout": layout, "model_root": "/srv/m"})
+    rev = cfg.model_revision
+    if layout == "hf_cache":
+        assert cfg.model_dir == f"/srv/m/hub/models--{cfg.model_repo.replace('/', '--')}"
+        assert (cfg.snapshot_subdir, cfg.snapshot_dir) == (f"snapshots/{rev}", f"{cfg.model_dir}/snapshots/{rev}")
+        assert cfg.hub_download_dir == "/srv/m/hub"  # huggingface_hub's cache_dir: it adds models--ORG--NAME
+    else:
+        assert cfg.model_dir == cfg.snapshot_dir == cfg.hub_download_dir == "/srv/m" and cfg.snapshot_subdir == ""

@@ -19,3 +19,14 @@ def test_a_host_name_anywhere_leaves_the_daemon_unrestricted():
 def test_deny_any_then_allow_each_address():
     assert seed_firewall_properties(["10.0.0.1", "10.0.0.2"]) == [
         "--property=IPAddressDeny=any", "--property=IPAddressAllow=10.0.0.1", "--property=IPAddressAllow=10.0.0.2"]
+
+
+def test_seed_daemon_fact_from_what_the_node_prints():
+    from facts.model import SeedDaemon
+
+    fact = SeedDaemon()
+    assert fact.process(["active", "seed-dir"]) == {"running": True, "secret_dir": True}
+    assert fact.process(["activating"]) == {"running": True, "secret_dir": False}
+    assert fact.process(["inactive", "seed-dir"]) == {"running": False, "secret_dir": True}
+    assert fact.process(["failed"]) == {"running": False, "secret_dir": False}
+    assert fact.process([]) == {"running": False, "secret_dir": False}  # no systemctl output at all
