@@ -2,4 +2,6 @@
 CLI does at start-up). Import it before any test starts threads (the verifier's readers, local HTTP
 servers), or a later first import patches locks that threads already hold."""
 
-import pyinfra_cli  # noqa: F401
+import importlib
+
+importlib.import_module("pyinfra_cli")
