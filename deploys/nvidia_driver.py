@@ -14,7 +14,7 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.facts.server import OsRelease
-from pyinfra.operations import apt, server
+from pyinfra.operations import apt, files, server
 
 from deploys.apt_state import apt_lists_updated, lock_waiting
 from deploys.inventory import node_config
@@ -256,6 +256,10 @@ def nvidia_driver():
         dest=UNATTENDED_FILE,
         user="root", group="root", mode="0644",
     )
+    if cfg.nvidia_driver_source != "cuda_repo":  # a node that once installed from it: apt must not keep it
+        files.file(name="Remove NVIDIA's CUDA repo source (the driver does not come from it)", path=SOURCE_FILE,
+                   present=False)
+        files.file(name="Remove NVIDIA's CUDA repo key", path=KEYRING, present=False)
     if cfg.nvidia_driver_source != "preinstalled":
         repo_files = [(PIN_FILE, render_apt_pin(branch))]  # what apt's lists are fetched for
         if cfg.nvidia_driver_source == "cuda_repo":

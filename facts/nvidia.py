@@ -265,6 +265,22 @@ def userspace_version(packages: dict) -> str | None:
     return None
 
 
+_KERNEL_IMAGE = re.compile(r"^linux-image-(?:unsigned-)?(?P<release>\d.*)$")
+
+
+def _release_key(release: str) -> list[int]:
+    return [int(n) for n in re.findall(r"\d+", release)]
+
+
+def boot_kernel(kernel: dict) -> str | None:
+    """The installed kernel the next boot starts by default (the newest linux-image), where it is newer than the
+    running one; else None."""
+    releases = {m["release"] for m in map(_KERNEL_IMAGE.match, kernel.get("packages", {})) if m}
+    newest = max(releases, key=_release_key, default=None)
+    running = kernel.get("running")
+    return newest if newest and running and _release_key(newest) > _release_key(running) else None
+
+
 def driver_state(packages: dict, module: dict, kernel: dict | None = None) -> dict[str, Any]:
     """Compare the installed userspace driver with the loaded kernel module and, where ``kernel`` (the
     KernelPackages fact) lists NVIDIA's precompiled modules, with the modules package of the running kernel.
@@ -273,14 +289,26 @@ def driver_state(packages: dict, module: dict, kernel: dict | None = None) -> di
     one), ``packages_differ`` (the modules package of the running kernel is another driver than userspace,
     or there is none for it while others are installed: a reboot cannot fix it, the next boot gives an NVRM
     API mismatch), ``not_installed``, or ``module_only`` (a module is loaded but no driver package is
-    installed: preinstalled drivers outside dpkg, as on some appliances).
+    installed: preinstalled drivers outside dpkg, as on some appliances). Where the running kernel's modules
+    do not match but the newer kernel the next boot starts has a modules package of the userspace driver (an
+    upgrade brought both), the state is ``reboot_required`` and the reason names that kernel.
     """
     installed = userspace_version(packages)
     loaded = module.get("version")
     release = (kernel or {}).get("running")
     modules = modules_for(kernel or {}, release)
     others = sorted(m["kernel"] for m in map(MODULES_PACKAGE.match, (kernel or {}).get("packages", {})) if m)
-    if installed is not None and modules and modules[1] != installed:
+    booting = boot_kernel(kernel or {})
+    boot_modules = modules_for(kernel or {}, booting) if booting else None
+    running_mismatch = installed is not None and (
+        (modules and modules[1] != installed) or (not modules and not loaded and others))
+    if running_mismatch and boot_modules and boot_modules[1] == installed:
+        state, reason = "reboot_required", (
+            f"the running kernel {release} has "
+            + (f"{modules[0]} with module {modules[1]}" if modules else "no linux-modules-nvidia package")
+            + f", userspace driver {installed} is installed; the next boot starts kernel {booting}, whose "
+            f"{boot_modules[0]} carries {boot_modules[1]}: a reboot into {booting} loads it")
+    elif installed is not None and modules and modules[1] != installed:
         state, reason = "packages_differ", (
             f"{modules[0]} carries module {modules[1]}, userspace driver {installed} is installed"
             + (f", module {loaded} is loaded" if loaded else ""))

@@ -70,6 +70,8 @@ def test_node_on_590_is_refused_then_moved_with_allow_driver_change(sandbox):
 
 
 DGX = "sandbox-b0"
+SOURCE_FILE = "/etc/apt/sources.list.d/inference-nodes-nvidia-cuda.sources"
+KEYRING = "/etc/apt/keyrings/inference-nodes-nvidia-cuda.gpg"
 DRIVER = "deploys.nvidia_driver.nvidia_driver"
 
 
@@ -82,12 +84,16 @@ def _ok(node: str, command: str) -> str:
 def _moves(sim: str) -> list[str]:
     """Driver and kernel packages an upgrade would install or remove (the distribution's own updates aside)."""
     return [line for line in sim.splitlines() if line.startswith(("Inst ", "Remv "))
-            and line.split()[1].startswith(("nvidia-", "libnvidia-", "linux-"))]
+            and line.split()[1].startswith(("nvidia-", "libnvidia-", "linux-image-", "linux-modules-"))]
 
 
 def test_preinstalled_driver_is_held_with_the_running_kernel_and_its_modules_package(sandbox):
     kernel = _ok(DGX, "uname -r").strip()
+    # left over from a node that once installed from NVIDIA's CUDA repo: a preinstalled driver removes them
+    leftovers = f"{SOURCE_FILE} {KEYRING}"
+    _ok(DGX, f"mkdir -p /etc/apt/keyrings && touch {leftovers}")
     pyinfra(INVENTORY, DRIVER, "--limit", DGX)
+    assert _ok(DGX, f"ls {leftovers} 2>/dev/null || true").strip() == ""
     held = set(_ok(DGX, "apt-mark showhold").split())
     assert {"nvidia-driver-580-open", "libnvidia-compute-580", "nvidia-utils-580", "nvidia-kernel-common-580",
             f"linux-image-{kernel}", f"linux-modules-nvidia-580-open-{kernel}", "linux-image-nvidia-hwe-24.04",

@@ -86,12 +86,45 @@ def test_loaded_module_differs_but_packages_agree_is_a_reboot():
 def test_booted_into_a_kernel_without_its_modules_package():
     kernel = _kernel()
     kernel["running"] = "6.17.0-1021-nvidia"  # a kernel upgrade came without linux-modules-nvidia for it
+    _with_newer_kernel(kernel, "6.17.0-1021-nvidia", None)
     state = driver_state(_userspace(), {"version": None}, kernel)
     assert state["state"] == "packages_differ"
     assert "no linux-modules-nvidia package for the running kernel 6.17.0-1021-nvidia (installed for " \
            "6.17.0-1014-nvidia)" in state["reason"]
     # a DKMS-built module that is loaded is not second-guessed
     assert driver_state(_userspace(), {"version": "580.142"}, kernel)["state"] == "ok"
+
+
+def _with_newer_kernel(kernel: dict, release: str, driver: str | None) -> dict:
+    """``kernel`` plus an installed, not booted ``release`` (and its NVIDIA modules package carrying ``driver``)."""
+    pkgs = kernel["packages"]
+    pkgs[f"linux-image-{release}"] = {"version": "6.17.0-1021.21", "depends": [], "driver": None}
+    if driver:
+        pkgs[f"linux-modules-nvidia-580-open-{release}"] = {
+            "version": "6.17.0-1021.21+1", "depends": [f"linux-image-{release}"], "driver": driver}
+    return kernel
+
+
+def test_an_upgrade_that_brought_a_newer_kernel_with_matching_modules_is_a_reboot_naming_that_kernel():
+    kernel = _with_newer_kernel(_kernel(), "6.17.0-1021-nvidia", "580.159.03")
+    state = driver_state(_userspace("580.159.03-0ubuntu0.24.04.1"), {"version": "580.142"}, kernel)
+    assert state["state"] == "reboot_required"
+    assert state["reason"] == (
+        "the running kernel 6.17.0-1014-nvidia has linux-modules-nvidia-580-open-6.17.0-1014-nvidia with module "
+        "580.142, userspace driver 580.159.03 is installed; the next boot starts kernel 6.17.0-1021-nvidia, whose "
+        "linux-modules-nvidia-580-open-6.17.0-1021-nvidia carries 580.159.03: a reboot into 6.17.0-1021-nvidia "
+        "loads it")
+    # the newer kernel's modules are another driver again, or it has none: no reboot fixes that
+    for driver in ("580.142", None):
+        kernel = _with_newer_kernel(_kernel(), "6.17.0-1021-nvidia", driver)
+        state = driver_state(_userspace("580.159.03-0ubuntu0.24.04.1"), {"version": "580.142"}, kernel)
+        assert state["state"] == "packages_differ", driver
+    # an older kernel with matching modules is not what the next boot starts
+    kernel = _kernel()
+    kernel["packages"]["linux-modules-nvidia-580-open-6.11.0-1016-nvidia"] = {
+        "version": "6.11.0-1016.16+1", "depends": [], "driver": "580.159.03"}
+    state = driver_state(_userspace("580.159.03-0ubuntu0.24.04.1"), {"version": "580.142"}, kernel)
+    assert state["state"] == "packages_differ"
 
 
 def test_preflight_refuses_differing_packages_only_for_a_preinstalled_driver():
