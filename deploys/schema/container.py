@@ -120,6 +120,16 @@ class ContainerKeys(ComponentKeys):
         "`vllm_master_port` gets the worker killed and restarted (`HealthStartPeriod=`)", ge=10, le=86400,
     )
 
+    def vllm_flag(self, flag: str) -> str | None:
+        """The value ``vllm_args`` gives ``flag`` (`--flag V` or `--flag=V`, the last one wins), else None."""
+        value = None
+        for i, arg in enumerate(self.vllm_args):
+            if arg == flag and i + 1 < len(self.vllm_args):
+                value = self.vllm_args[i + 1]
+            elif arg.startswith(f"{flag}="):
+                value = arg.split("=", 1)[1]
+        return value
+
     @model_validator(mode="after")
     def _launch_rules(self) -> ContainerKeys:
         for key, words in (("vllm_command", self.vllm_command), ("vllm_args", self.vllm_args),

@@ -15,7 +15,8 @@ class GateKeys(ComponentKeys):
     )
     gate_concurrency: int = _key(
         0, description="concurrency proof: K simultaneous requests, all scheduled together "
-        "(`vllm:num_requests_running` = K, `vllm:num_requests_waiting` = 0 while they run); 0 = off", ge=0, le=1024,
+        "(`vllm:num_requests_running` = K, `vllm:num_requests_waiting` = 0 while they run), at most the "
+        "`--max-num-seqs` of `vllm_args`; 0 = off", ge=0, le=1024,
     )
     gate_concurrency_tokens: int = _key(
         256, description="concurrency proof: the exact completion length of each request (`max_tokens` with "
@@ -35,6 +36,6 @@ class GateKeys(ComponentKeys):
     )
     gate_long_context_tokens: int | None = _key(
         None, description="long-context exact retrieval (`-m long_context`) with a prompt of at least this many "
-        "tokens, uncached (files/serving_gate/needle.py; the server needs `--enable-prompt-tokens-details`); "
-        "unset = not run", ge=64, le=16_777_216,
+        "tokens, uncached (files/serving_gate/needle.py; the server needs `--enable-prompt-tokens-details`), with "
+        "its 16-token answer within the `--max-model-len` of `vllm_args`; unset = not run", ge=64, le=16_777_216,
     )

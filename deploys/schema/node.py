@@ -24,6 +24,8 @@ from deploys.schema.package_manager import PackageManagerKeys
 from deploys.schema.problems import KeyRuleError
 from files.model_snapshot.verify_snapshot import inside
 
+NEEDLE_ANSWER_TOKENS = 16  # files/serving_gate/needle.py MAX_TOKENS (a script run on its own: not imported here)
+
 
 class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKeys, NvidiaDriverKeys,
                  ContainerRuntimeKeys, PackageManagerKeys, GateKeys):
@@ -90,6 +92,26 @@ class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKey
             raise KeyRuleError(
                 "service_env", f"TP_SIZE={tp}", f"TP_SIZE equal to tensor_parallel_size ({self.tensor_parallel_size})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _gates_fit_the_server(self) -> NodeConfig:
+        """A gate the server's own limits make fail every time is a wrong profile, not a failed node: K requests
+        cannot all run under a smaller `--max-num-seqs`, nor a prompt exceed `--max-model-len`."""
+        seqs, model_len = self.vllm_flag("--max-num-seqs"), self.vllm_flag("--max-model-len")
+        if self.gate_concurrency and seqs and seqs.isdigit() and self.gate_concurrency > int(seqs):
+            raise KeyRuleError("gate_concurrency", self.gate_concurrency,
+                               f"at most --max-num-seqs {seqs} (vllm_args): the server runs no more requests at once")
+        if not (model_len and model_len.isdigit()):
+            return self
+        if self.gate_concurrency and self.gate_concurrency_tokens >= int(model_len):
+            raise KeyRuleError("gate_concurrency_tokens", self.gate_concurrency_tokens,
+                               f"below --max-model-len {model_len} (vllm_args): prompt and completion share it")
+        needle = self.gate_long_context_tokens
+        if needle and needle + NEEDLE_ANSWER_TOKENS > int(model_len):
+            raise KeyRuleError("gate_long_context_tokens", needle,
+                               f"at most --max-model-len {model_len} (vllm_args) less the answer's "
+                               f"{NEEDLE_ANSWER_TOKENS} tokens")
         return self
 
     @property

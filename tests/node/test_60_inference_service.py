@@ -105,15 +105,19 @@ def test_restart_gate_restarts_the_pair_worker_first_and_the_smoke_passes_after(
 
 
 def test_qualification_gates_fail_naming_what_and_why(sandbox, tmp_path):
-    """K above --max-num-seqs (3 > 2), and a KV minimum above what the startup log reports: the gate fails,
-    naming the gauge and the key with their figures."""
+    """K above the server's --max-num-seqs (3 > 2) where the inventory no longer states the flag (validation
+    refuses K above a --max-num-seqs it can see), and a KV minimum above what the startup log reports: the gate
+    fails, naming the gauge and the key with their figures."""
     os.symlink(os.path.abspath("inventories/group_data"), tmp_path / "group_data")
     with open(INVENTORY) as f:
         text = f.read()
     head = '_node("sandbox-b0", 2202, node_rank=0,'
     assert head in text
     inventory = tmp_path / "sandbox.py"  # same file-name group: the sandbox stand-ins apply
-    inventory.write_text(text.replace(head, head + " gate_concurrency=3, gate_kv_cache_min_tokens=10**9,"))
+    seqs = '"--max-num-seqs", "2", '
+    assert seqs in text
+    inventory.write_text(text.replace(head, head + " gate_concurrency=3, gate_kv_cache_min_tokens=10**9,")
+                         .replace(seqs, ""))
     bad = subprocess.run([*GATE, "--inventory", str(inventory), "--limit", "sandbox-b0",
                           "-k", "serving_gate or kv_capacity"], capture_output=True, text=True, timeout=READY_S + 600)
     assert bad.returncode == 1 and "2 failed" in bad.stdout, bad.stdout[-3000:]

@@ -85,3 +85,9 @@ def test_a_seed_repeats_the_prompt(needle, monkeypatch):
     needle.run_check("http://x", "m", 100, seed=7)
     needle.run_check("http://x", "m", 100)
     assert bodies[0] == bodies[1] != bodies[2]
+
+
+def test_the_schemas_answer_budget_is_the_needles(needle):
+    from deploys.schema.node import NEEDLE_ANSWER_TOKENS  # gate_long_context_tokens + it must fit --max-model-len
+
+    assert needle.MAX_TOKENS == NEEDLE_ANSWER_TOKENS

@@ -307,3 +307,28 @@ def test_gate_keys_are_typed(key, value, expected):
     with pytest.raises(InventoryValidationError) as err:
         validate_hosts({"node-a": {**profile("rtx_pro_6000_pair"), "ssh_hostname": "192.0.2.10", key: value}})
     assert f"key '{key}" in str(err.value) and expected in str(err.value)
+
+
+@pytest.mark.parametrize("extra, key, expected", [
+    ({"gate_concurrency": 3}, "gate_concurrency", "at most --max-num-seqs 2 (vllm_args)"),
+    ({"gate_concurrency": 2, "gate_concurrency_tokens": 1048576}, "gate_concurrency_tokens",
+     "below --max-model-len 1048576"),
+    ({"gate_long_context_tokens": 1048570}, "gate_long_context_tokens",
+     "at most --max-model-len 1048576 (vllm_args) less the answer's 16 tokens"),
+])
+def test_a_gate_the_servers_own_limits_would_fail_is_refused(extra, key, expected):
+    from deploys.schema import InventoryValidationError, validate_hosts
+
+    b = profile("gb10_dspark")
+
+    def nodes(values: dict) -> dict:
+        return {"b0": {**b, "node_rank": 0, "fabric_address": "198.51.100.20", **values},
+                "b1": {**b, "node_rank": 1, "fabric_address": "198.51.100.21", **values}}
+
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(nodes(extra))
+    assert f"host b0: key '{key}'" in str(err.value) and expected in str(err.value)
+    # at the limits it is accepted: --max-num-seqs 2 runs 2, the needle fits with its answer
+    fits = validate_hosts(nodes({"gate_concurrency": 2, "gate_long_context_tokens": 1048576 - 16}))
+    assert fits["b0"].gate_long_context_tokens == 1048560
+
