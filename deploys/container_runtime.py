@@ -170,9 +170,17 @@ def image_present(image: str, digest: str | None, authfile: str | None = None):
         args += ["--authfile", QuoteString(authfile)]
     yield StringCommand(*args, QuoteString(ref))
     if digest:
-        check = (f'test "$(podman image inspect --format {{{{.Digest}}}} {ref})" = {digest} || '
-                 f'{{ echo "pulled {ref} but its digest differs" >&2; exit 1; }}')
-        yield StringCommand("sh", "-c", QuoteString(check))
+        yield FunctionCommand(_check_digest_after_pull, (ref, digest), {})
+
+
+def _check_digest_after_pull(state, host, ref: str, digest: str):
+    """The pulled reference must carry the pinned digest (read afresh: a command ran on this host)."""
+    pulled = host.get_fact(PodmanImageDigest, ref=ref)
+    if pulled != digest:
+        host.log_styled(f"pulled {ref} but its digest is {pulled or 'not shown by podman'}, want {digest}",
+                        fg="red", log_func=logger.error)
+        return False
+    return True
 
 
 @deploy("Container runtime")

@@ -21,7 +21,6 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.facts.files import Sha256File
-from pyinfra.facts.server import Command
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files
 
@@ -31,6 +30,7 @@ from deploys.model_snapshot import GATE, STAMP
 from deploys.ops import atomic_put, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_stamp
 from deploys.unit_text import command_line, environment_line
 from deploys.schema import NodeConfig, cluster_head, cluster_of
+from facts.containers import ServiceStartedFrom
 from files import helper_path
 
 UNIT_DIR = "/etc/containers/systemd"
@@ -291,14 +291,12 @@ def service_current(service: str, started_from: str, fingerprint: str, act: bool
         host.noop("started in the other rank-ordered step")
         return
     running = host.get_fact(SystemdStatus).get(service)
-    # three lines: the unit and the snapshot stamp it started from, then the stamp verified now
-    recorded = host.get_fact(Command, command=f"cat {started_from} 2>/dev/null; "
-                                              f"sha256sum < {STAMP} 2>/dev/null | cut -d' ' -f1; true")
-    lines = (recorded or "").splitlines()
-    if running and len(lines) == 3 and lines[0] == fingerprint and lines[1] == lines[2]:
+    start = host.get_fact(ServiceStartedFrom, record=started_from, stamp=STAMP)
+    same_unit = start["unit"] == fingerprint
+    if running and same_unit and start["verified"] and start["snapshot"] == start["verified"]:
         host.noop(f"{service} running, started from the rendered unit and the verified snapshot")
         return
-    if running and len(lines) == 3 and lines[0] == fingerprint:
+    if running and same_unit and start["verified"]:
         logger.info(f"{host.name}: the model snapshot changed since {service} started (repaired files): restarting it")
     yield StringCommand(GATE)
     yield StringCommand("systemctl", "restart" if running else "start", service)

@@ -30,6 +30,7 @@ from deploys.ops import (
 from deploys.schema import NodeConfig, NvidiaDriverKeys
 from facts.nvidia import (
     DRIVER_VERSION,
+    DriverStateDict,
     KernelPackages,
     NvidiaDriverPackages,
     NvidiaKernelModule,
@@ -185,7 +186,7 @@ def driver_held(kernel: str | None = None):
     yield from apt_held._inner(packages=wanted)
 
 
-def current_driver_state(node, root: str) -> dict:
+def current_driver_state(node, root: str) -> DriverStateDict:
     """driver_state from the node's facts (userspace packages, loaded module, the kernel's modules package)."""
     return driver_state(node.get_fact(NvidiaDriverPackages), node.get_fact(NvidiaKernelModule, root=root),
                         node.get_fact(KernelPackages))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 from pyinfra.api import FactBase
@@ -105,3 +105,29 @@ class PodmanImageDigest(FactBase[str]):
     def process(self, output: list[str]) -> str | None:
         digest = "".join(output).strip()
         return digest or None
+
+
+class ServiceStartDict(TypedDict):
+    unit: str | None      # hash of the unit and fabric env the service last started from (None: no record)
+    snapshot: str | None  # hash of the snapshot stamp it started with
+    verified: str | None  # hash of the snapshot stamp now (None: no stamp: not verified)
+
+
+class ServiceStartedFrom(FactBase[ServiceStartDict]):
+    """What the service's last start recorded in ``record`` (its unit writes two hashes there at every start:
+    its unit and fabric env, and the snapshot stamp; deploys/inference_service.py), beside the hash of the
+    snapshot stamp ``stamp`` now: a service whose snapshot was repaired since it started is restarted."""
+
+    def command(self, record: str, stamp: str) -> str:
+        return (f"cat {shlex.quote(record)} 2>/dev/null; echo '{_MARK}now'; "
+                f"sha256sum < {shlex.quote(stamp)} 2>/dev/null | cut -d' ' -f1; true")
+
+    def process(self, output: list[str]) -> ServiceStartDict:
+        if f"{_MARK}now" not in output:
+            raise FactProcessError(f"ServiceStartedFrom: no marker in {output!r}")
+        at = output.index(f"{_MARK}now")
+        recorded = [line.strip() for line in output[:at] if line.strip()]
+        now = [line.strip() for line in output[at + 1:] if line.strip()]
+        complete = len(recorded) == 2
+        return {"unit": recorded[0] if complete else None, "snapshot": recorded[1] if complete else None,
+                "verified": now[0] if now else None}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
@@ -281,7 +281,19 @@ def boot_kernel(kernel: dict) -> str | None:
     return newest if newest and running and _release_key(newest) > _release_key(running) else None
 
 
-def driver_state(packages: dict, module: dict, kernel: dict | None = None) -> dict[str, Any]:
+DriverStateName = Literal["ok", "reboot_required", "packages_differ", "not_installed", "module_only"]
+
+
+class DriverStateDict(TypedDict):
+    state: DriverStateName
+    installed: str | None  # userspace driver version
+    loaded: str | None     # loaded kernel module version
+    modules: str | None    # driver the running kernel's NVIDIA modules package carries
+    flavour: str | None    # "open" or "proprietary" (loaded module)
+    reason: str            # one line for people: what differs, and what follows
+
+
+def driver_state(packages: dict, module: dict, kernel: dict | None = None) -> DriverStateDict:
     """Compare the installed userspace driver with the loaded kernel module and, where ``kernel`` (the
     KernelPackages fact) lists NVIDIA's precompiled modules, with the modules package of the running kernel.
 
@@ -300,6 +312,7 @@ def driver_state(packages: dict, module: dict, kernel: dict | None = None) -> di
     others = sorted(m["kernel"] for m in map(MODULES_PACKAGE.match, (kernel or {}).get("packages", {})) if m)
     booting = boot_kernel(kernel or {})
     boot_modules = modules_for(kernel or {}, booting) if booting else None
+    state: DriverStateName
     running_mismatch = installed is not None and (
         (modules and modules[1] != installed) or (not modules and not loaded and others))
     if running_mismatch and boot_modules and boot_modules[1] == installed:

@@ -1,0 +1,27 @@
+"""ServiceStartedFrom: what the service's last start recorded, beside the snapshot stamp now, read by running
+the fact's own command on real files."""
+
+import hashlib
+import subprocess
+
+from facts.containers import ServiceStartedFrom
+
+
+def _read(record, stamp) -> dict:
+    fact = ServiceStartedFrom()
+    out = subprocess.run(["sh", "-c", fact.command(record=str(record), stamp=str(stamp))], capture_output=True,
+                         text=True, check=True).stdout
+    return fact.process(out.splitlines())
+
+
+def test_record_and_stamp_as_the_unit_writes_them(tmp_path):
+    record, stamp = tmp_path / "inference.started-from", tmp_path / "stamp.json"
+    assert _read(record, stamp) == {"unit": None, "snapshot": None, "verified": None}  # never started, not verified
+    stamp.write_text('{"verdict": "ok"}\n')
+    now = hashlib.sha256(stamp.read_bytes()).hexdigest()
+    record.write_text(f"unitfingerprint\n{now}\n")
+    assert _read(record, stamp) == {"unit": "unitfingerprint", "snapshot": now, "verified": now}
+    stamp.write_text('{"verdict": "ok", "repaired": true}\n')  # re-verified after a repair: another stamp
+    assert _read(record, stamp)["verified"] != now
+    record.write_text("unitfingerprint\n")  # a start killed while writing its record: not a complete record
+    assert _read(record, stamp)["unit"] is None
