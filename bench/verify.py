@@ -29,7 +29,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from files.model_snapshot.verify_snapshot import default_jobs, is_cached, verify  # noqa: E402
+from files.model_snapshot.snapshot_hashing import default_jobs, is_cached  # noqa: E402
+from files.model_snapshot.verify_snapshot import verify  # noqa: E402
 
 
 def make_files(root: str, count: int, size: int) -> dict:

@@ -21,7 +21,8 @@ def fetch(repo: str, commit: str, manifest: str, cache: str, endpoint: str, toke
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError
 
-    from files.model_snapshot.verify_snapshot import remove_paths, verify
+    from files.model_snapshot.snapshot_manifest import remove_paths
+    from files.model_snapshot.verify_snapshot import verify
 
     token = open(token_file).read().strip() if token_file else False
     stamp = os.path.join(cache, f".inference-nodes-control-{commit}.json")
@@ -49,7 +50,7 @@ def fetch(repo: str, commit: str, manifest: str, cache: str, endpoint: str, toke
 
 
 def main() -> int:
-    from files.model_snapshot.verify_snapshot import ManifestError
+    from files.model_snapshot.snapshot_manifest import ManifestError
 
     ap = argparse.ArgumentParser()
     for name in ("repo", "commit", "manifest", "cache", "endpoint"):

@@ -19,7 +19,7 @@ import os
 import re
 import sys
 
-from files.model_snapshot.verify_snapshot import ManifestError, check_manifest, manifest_digest, read_manifest
+from files.model_snapshot.snapshot_manifest import ManifestError, check_manifest, manifest_digest, read_manifest
 
 __all__ = ["ManifestError", "check_manifest", "default_path", "generate", "manifest_digest", "read_manifest"]
 

@@ -17,7 +17,7 @@ from deploys.ops import ControlNodeError, host_failed
 from deploys.run_state import kept
 from deploys.schema import NodeConfig
 from files.model_snapshot.peer_pull import balanced, parallel_rsync  # the same streams on both sides
-from files.model_snapshot.verify_snapshot import inside
+from files.model_snapshot.snapshot_manifest import inside
 
 # One lock per control-node download (cache directory, repo, commit), process-wide like the cache on disk (not run
 # state): two hosts, or two runs in one process, never fetch the same snapshot into it at once.

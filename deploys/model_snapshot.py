@@ -26,15 +26,20 @@ from deploys.schema import NodeConfig
 from facts.host import FreeBytes
 from facts.model import ModelVerification
 from files import helper_path
-from files.model_snapshot.verify_snapshot import read_manifest
+from files.model_snapshot.snapshot_manifest import read_manifest
 
 
-VERIFIER = "/usr/local/lib/inference-nodes/verify_snapshot.py"
+NODE_LIB = "/usr/local/lib/inference-nodes"
+# files/model_snapshot/ modules the verifier is made of, installed side by side in NODE_LIB (run as a file, it
+# imports the others from its own folder); the script last, so a run killed in between never leaves a verifier
+# whose modules are not there yet
+VERIFIER_FILES = ("snapshot_manifest.py", "snapshot_hashing.py", "verify_snapshot.py")
+VERIFIER = f"{NODE_LIB}/verify_snapshot.py"
 MANIFEST = "/etc/inference-nodes/model-manifest.json"
 STAMP = "/var/lib/inference-nodes/model-verified.json"
 RECORD = "/var/lib/inference-nodes/model-deep-verify.json"  # verdict and time of the last full re-hash
 GATE = "/usr/local/bin/inference-nodes-model-gate"
-HUB_DOWNLOAD = "/usr/local/lib/inference-nodes/hub_download.py"
+HUB_DOWNLOAD = f"{NODE_LIB}/hub_download.py"
 HUB_TOKEN = "/etc/inference-nodes/secrets/hf-token"
 
 
@@ -124,9 +129,12 @@ def model_snapshot():
         return
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
     apt.packages(name="Install what the verifier and rsync need", packages=["python3", "rsync"])
-    batch = (VERIFIER, MANIFEST, GATE, HUB_DOWNLOAD, f"{cfg.model_dir}/refs/main", model_fanout.PEER_PULL)
-    atomic_put(batch=batch, name="Install the snapshot verifier", src=helper_path("model_snapshot/verify_snapshot.py"),
-              dest=VERIFIER, user="root", group="root", mode="0755", create_remote_dir=True)
+    verifier = [f"{NODE_LIB}/{name}" for name in VERIFIER_FILES]
+    batch = (*verifier, MANIFEST, GATE, HUB_DOWNLOAD, f"{cfg.model_dir}/refs/main", model_fanout.PEER_PULL)
+    for name, dest in zip(VERIFIER_FILES, verifier):
+        atomic_put(batch=batch, name=f"Install the snapshot verifier ({name})",
+                  src=helper_path(f"model_snapshot/{name}"), dest=dest, user="root", group="root",
+                  mode="0755" if dest == VERIFIER else "0644", create_remote_dir=True)
     atomic_put(batch=batch, name="Install the trusted manifest", src=cfg.model_manifest, dest=MANIFEST,
               user="root", group="root", mode="0644", create_remote_dir=True)
     files.directory(name="Create the verify stamp directory", path=posixpath.dirname(STAMP),

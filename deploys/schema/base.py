@@ -2,7 +2,7 @@
 patterns, the secret-name rule.
 
 Characters and names that reach a unit file are defined where they are written (deploys/unit_text.py)
-and the safe path characters where the node reads them (files/model_snapshot/verify_snapshot.py, which
+and the safe path characters where the node reads them (files/model_snapshot/snapshot_manifest.py, which
 runs on nodes alone); this module only applies them to inventory values.
 """
 
@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from deploys.unit_text import ENV_NAME
-from files.model_snapshot.verify_snapshot import SAFE_PATH
+from files.model_snapshot.snapshot_manifest import SAFE_PATH
 
 HEX40 = re.compile(r"[0-9a-f]{40}")  # patterns are used with fullmatch: `$` would accept a trailing newline
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")

@@ -13,7 +13,7 @@ from pydantic import model_validator
 
 from deploys.schema.base import HEX40, SYSTEM_DIRS, AbsPath, ComponentKeys, EnvMap, _key
 from deploys.schema.problems import KeyRuleError, looks_secret
-from files.model_snapshot.verify_snapshot import inside  # one definition of "at or below"
+from files.model_snapshot.snapshot_manifest import inside  # one definition of "at or below"
 
 
 # The service is `<container_name>.service`: it must not be a unit the node or this toolkit already has.

@@ -22,10 +22,10 @@ import sys
 import tempfile
 import time
 
-try:  # on the control node
-    from files.model_snapshot.verify_snapshot import ManifestError, link_problem, read_manifest
-except ImportError:  # on the node: installed beside the verifier (/usr/local/lib/inference-nodes/)
-    from verify_snapshot import ManifestError, link_problem, read_manifest
+if __package__:  # files.model_snapshot.peer_pull on the control node (as verify_snapshot.py imports its siblings)
+    from .snapshot_manifest import ManifestError, link_problem, read_manifest
+else:  # run as a file on the node: installed beside the verifier's modules (/usr/local/lib/inference-nodes/)
+    from snapshot_manifest import ManifestError, link_problem, read_manifest
 
 
 def balanced(paths: list[str], sizes: dict[str, int], streams: int) -> list[list[str]]:

@@ -8,23 +8,16 @@
 
 Checks, in order: the file set (missing and extra files), sizes, the safetensors index's weight map
 against the manifest's shards, then content hashes (sha256 for LFS files, git blob sha1 for small
-files) in parallel threads, largest files first. Every bad file is named. On success it writes a
-stamp (manifest digest + per-file size/mtime/inode) atomically; an unchanged snapshot then re-verifies
-from the stamp in well under a second unless --full is given. A full run also writes --record (verdict,
-time, problems): what the scheduled deep verify and the audit read.
-
-Speed: a file already in the page cache is hashed in place through mmap (no copy out of the cache, which
-costs ~15 % of a core at SHA-NI speed); a cold one is streamed with read() in 1 MiB chunks by a reader
-thread a few chunks ahead of the hashing (there the IO, not the copy, is the limit; O_DIRECT was slower on
-virtio disks). One thread per core; hashlib releases the GIL. bench/verify.py measures it.
+files) in parallel threads, largest files first (snapshot_hashing.py: at disk speed). Every bad file is
+named. On success it writes a stamp (manifest digest + per-file size/mtime/inode) atomically; an unchanged
+snapshot then re-verifies from the stamp in well under a second unless --full is given. A full run also
+writes --record (verdict, time, problems): what the scheduled deep verify and the audit read.
 
 --gate never hashes: it passes only when the stamp matches this manifest and every file's
 size/mtime/inode (the service's start precondition), and names the files that differ.
 --remove deletes bad and extra files before a fetch, never through a link out of DIR (remove_paths).
 
-Manifest entries are data, never trusted as paths: check_manifest refuses anything but relative, normalised
-paths of a safe character set, and no link in the snapshot may be absolute or resolve outside it (in the
-hf_cache layout: outside the repo's blobs/). deploys/model_manifest.py and peer_pull.py use these checks.
+The manifest is data, never trusted with paths: snapshot_manifest.py checks it and the snapshot's links.
 Exit status: 0 good, 1 bad, 2 usage/manifest error.
 """
 
@@ -32,301 +25,28 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import hashlib
 import json
-import mmap
 import os
-import queue
-import re
 import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-READ_CHUNK = 1024 * 1024  # cold files: the kernel's readahead sizes the requests; small buffers stay in L2
-READ_BUFFERS = 3  # cold files: one chunk being hashed while the reader thread fills the next
-MAP_WINDOW = 8 * 1024 * 1024  # cached files: hashed in place, this much per update (progress, rate cap)
-STAMP_NAME = ".inference-nodes-verified.json"
-IGNORED_DIRS = {".cache"}  # huggingface_hub's local_dir metadata (at the top of the snapshot only)
-HF_METADATA = ".cache/huggingface/download"  # where it keeps a file's metadata
-MANIFEST_KEYS = {"repo", "commit", "files"}
-ENTRY_KEYS = {"path", "size", "sha256", "git_sha1"}
-HASH_LENGTH = {"sha256": 64, "git_sha1": 40}
-HEX = re.compile(r"[0-9a-f]+")
-REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-SAFE_PATH = re.compile(r"[A-Za-z0-9._+@=,/-]+")
-SAFE_CHARS = re.compile(r"[A-Za-z0-9._+@=,/-]")
-
-
-def manifest_digest(manifest: dict) -> str:
-    """sha256 of the manifest's canonical JSON: what every rank must report identically."""
-    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    return "sha256:" + hashlib.sha256(canonical).hexdigest()
-
-
-class ManifestError(ValueError):
-    """A manifest that is not a well-formed list of safe paths; the message names the file and the entry."""
-
-
-def _kind(value) -> str:
-    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-             float: "a number", type(None): "null"}
-    return kinds.get(type(value), type(value).__name__)
-
-
-def _hex(value, length: int) -> bool:
-    return isinstance(value, str) and len(value) == length and bool(HEX.fullmatch(value))
-
-
-def path_problem(rel) -> str | None:
-    """Why ``rel`` cannot be a manifest path (None: it can). It must be relative and normalised, and use only
-    characters that rsync's --files-from, the shell and Quadlet's Volume= take as they are (every file name
-    of the usual model repos does: `model-00001-of-00046.safetensors`, `original/params.json`)."""
-    if not isinstance(rel, str) or not rel:
-        return f"the path is {_kind(rel) if not isinstance(rel, str) else 'empty'}, not a file name"
-    if any(c < " " or c == "\x7f" for c in rel):
-        return "a control character in the path"
-    if "\\" in rel:
-        return "a backslash in the path (paths use '/')"
-    if rel.startswith("/"):
-        return "an absolute path (entries are relative to the snapshot)"
-    parts = rel.split("/")
-    if "." in parts or ".." in parts:
-        return "a '.' or '..' component (entries are normalised and stay inside the snapshot)"
-    if "" in parts:
-        return "an empty component ('//' or a trailing '/')"
-    if not SAFE_PATH.fullmatch(rel):
-        odd = "".join(sorted(set(SAFE_CHARS.sub("", rel))))
-        return f"characters outside [A-Za-z0-9._+@=,-] and '/': {odd!r}"
-    if any(p.startswith("-") for p in parts):
-        return "a component starting with '-' (it would read as an option)"
-    if parts[0] in IGNORED_DIRS or rel == STAMP_NAME:
-        return f"{parts[0]!r}, which is the verifier's own bookkeeping"
-    return None
-
-
-def check_manifest(manifest, source: str) -> dict:
-    """``manifest`` (parsed JSON) if it is a well-formed manifest, else ManifestError naming ``source`` and the
-    entry: {"repo", "commit": 40 hex, "files": [{"path", "size", and one of "sha256" / "git_sha1"}]}, every path
-    safe (path_problem), no path twice, no path that is also another one's directory."""
-    def fail(what: str):
-        raise ManifestError(f"manifest {source}: {what}")
-
-    if not isinstance(manifest, dict):
-        fail(f"expected a JSON object with repo, commit and files, got {_kind(manifest)}")
-    if missing := sorted(MANIFEST_KEYS - manifest.keys()):
-        fail(f"missing key(s) {', '.join(map(repr, missing))} (a manifest has repo, commit and files)")
-    if unknown := sorted(manifest.keys() - MANIFEST_KEYS):
-        fail(f"unknown key(s) {', '.join(map(repr, unknown))} (a manifest has repo, commit and files)")
-    if not isinstance(manifest["repo"], str) or not REPO_ID.fullmatch(manifest["repo"]):
-        fail(f"repo {manifest['repo']!r} is not an ORG/NAME repo id")
-    if not _hex(manifest["commit"], 40):
-        fail(f"commit {manifest['commit']!r} is not a 40-hex commit id")
-    files = manifest["files"]
-    if not isinstance(files, list) or not files:
-        fail(f"files must be a non-empty list, got {_kind(files) if files else 'an empty one'}")
-    seen: set[str] = set()
-    dirs: dict[str, str] = {}
-    for i, entry in enumerate(files):
-        if not isinstance(entry, dict):
-            fail(f"files[{i}]: expected an object with path, size and sha256 or git_sha1, got {_kind(entry)}")
-        rel = entry.get("path")
-        name = f"files[{i}] {json.dumps(rel)}" if isinstance(rel, str) else f"files[{i}]"
-        if problem := path_problem(rel):
-            fail(f"{name}: {problem}")
-        if unknown := sorted(entry.keys() - ENTRY_KEYS):
-            fail(f"{name}: unknown key(s) {', '.join(map(repr, unknown))} (an entry has path, size and "
-                 "sha256 or git_sha1)")
-        size = entry.get("size")
-        if type(size) is not int or size < 0:
-            fail(f"{name}: size {size!r} is not a whole number of bytes >= 0")
-        kinds = [k for k in HASH_LENGTH if k in entry]
-        if len(kinds) != 1:
-            fail(f"{name}: needs exactly one of sha256 (LFS files) or git_sha1 (small files), has "
-                 f"{' and '.join(kinds) or 'neither'}")
-        digest = entry[kinds[0]]
-        if not _hex(digest, HASH_LENGTH[kinds[0]]):
-            fail(f"{name}: {kinds[0]} {digest!r} is not {HASH_LENGTH[kinds[0]]} lower-case hex digits")
-        if rel in seen:
-            fail(f"{name}: listed twice")
-        seen.add(rel)
-        parts = rel.split("/")
-        for n in range(1, len(parts)):
-            dirs.setdefault("/".join(parts[:n]), rel)
-    if clash := sorted(seen & dirs.keys()):
-        fail(f"{json.dumps(clash[0])} is a file and also the directory of {json.dumps(dirs[clash[0]])}")
-    return manifest
-
-
-def read_manifest(path: str) -> dict:
-    """The manifest at ``path``, checked (check_manifest); ManifestError for anything else, never a traceback."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except OSError as e:
-        raise ManifestError(f"manifest {path}: cannot be read ({e.strerror or e})") from None
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ManifestError(f"manifest {path}: not JSON ({e or 'nested too deeply'})") from None
-    return check_manifest(manifest, path)
-
-
-def shown(rel: str) -> str:
-    """A path as a message shows it: quoted and escaped unless plain (a newline in a name cannot forge a line)."""
-    return rel if SAFE_PATH.fullmatch(rel) else repr(rel)
-
-
-def inside(path: str, root: str) -> bool:
-    """Whether ``path`` is ``root`` or below it (both already resolved)."""
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def link_boundary(root: str) -> str:
-    """Where a link in the snapshot ``root`` may resolve to: in the hf_cache layout (``…/snapshots/COMMIT``) the
-    repo folder's blobs/, which huggingface_hub links to as ``../../blobs/ETAG``; otherwise the snapshot itself."""
-    parent = os.path.dirname(os.path.normpath(root))
-    if os.path.basename(parent) == "snapshots":
-        return os.path.join(os.path.dirname(parent), "blobs")
-    return root
-
-
-def link_problem(root: str, rel: str, boundary: str | None = None) -> str | None:
-    """Why the link at ``root/rel`` is refused (None: no link, or a safe one): an absolute link, or one that
-    resolves outside ``boundary`` (default link_boundary(root)), is what a container would not see, or worse."""
-    path = os.path.join(root, rel)
-    if not os.path.islink(path):
-        return None
-    target = os.readlink(path)
-    if os.path.isabs(target):
-        return f"an absolute link to {target!r}"
-    boundary = boundary or link_boundary(root)
-    if not inside(os.path.realpath(path), os.path.realpath(boundary)):
-        return f"a link to {target!r}, which resolves outside {boundary}"
-    return None
-
-
-def remove_paths(root: str, within: str, paths: list[str]) -> list[str]:
-    """Delete ``paths`` (relative to the snapshot ``root``: bad and extra files) and their huggingface_hub
-    local_dir metadata, and a link's target too when it resolves inside ``within`` (the hf_cache blob).
-    Nothing is deleted through a directory that resolves outside ``root``. Returns what was refused."""
-    real_root, real_within = os.path.realpath(root), os.path.realpath(within)
-    refused = []
-    for rel in paths:
-        if not rel or os.path.isabs(rel) or any(p in ("", ".", "..") for p in rel.split("/")):
-            refused.append(f"{rel!r}: not a normalised path inside {root}")
-            continue
-        for sub in (rel, f"{HF_METADATA}/{rel}.metadata"):
-            path = os.path.join(root, sub)
-            if not inside(os.path.realpath(os.path.dirname(path)), real_root):
-                refused.append(f"{sub!r}: its directory resolves outside {root}")
-                continue
-            if not os.path.lexists(path):
-                continue
-            target = os.path.realpath(path) if os.path.islink(path) else None
-            try:
-                os.unlink(path)
-                if target and inside(target, real_within) and os.path.isfile(target):
-                    os.unlink(target)
-            except OSError as e:
-                refused.append(f"{sub!r}: {e.strerror}")
-    return refused
-
-
-class RateLimit:
-    """A shared bytes-per-second cap across the hashing threads (the scheduled deep verify's --max-rate)."""
-
-    def __init__(self, bytes_per_s: float):
-        self.rate, self.done, self.start, self.lock = bytes_per_s, 0, time.monotonic(), threading.Lock()
-
-    def take(self, n: int) -> None:
-        with self.lock:
-            self.done += n
-            due = self.start + self.done / self.rate
-        delay = due - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-
-
-def is_cached(fd: int, size: int) -> bool:
-    """Whether the file's pages are in the page cache: three one-byte RWF_NOWAIT reads, which fail
-    instead of doing IO (any other error, e.g. a filesystem without RWF_NOWAIT, counts as cold)."""
-    one = bytearray(1)
-    try:
-        return all(os.preadv(fd, [one], off, os.RWF_NOWAIT) == 1 for off in sorted({0, size // 2, size - 1}))
-    except (OSError, AttributeError):
-        return False
-
-
-def _hash_stream(fd: int, h, limit: RateLimit | None) -> None:
-    """Hash ``fd`` from its offset to EOF through READ_BUFFERS buffers that a reader thread fills ahead of
-    this one: the device always has a request outstanding, and the kernel's copy out of the page cache runs
-    beside the hashing rather than between two of its chunks (both release the GIL). An error in the
-    reader is raised here."""
-    free: queue.SimpleQueue = queue.SimpleQueue()
-    full: queue.SimpleQueue = queue.SimpleQueue()
-    for _ in range(READ_BUFFERS):
-        free.put(bytearray(READ_CHUNK))
-    stop = threading.Event()
-
-    def reader() -> None:
-        try:
-            while (buf := free.get()) is not None and not stop.is_set():
-                n = os.readv(fd, [buf])
-                full.put((buf, n))
-                if not n:
-                    return
-        except BaseException as e:  # handed to the hashing thread
-            full.put((None, e))
-
-    thread = threading.Thread(target=reader, name="verify-read", daemon=True)
-    thread.start()
-    try:
-        while True:
-            buf, n = full.get()
-            if buf is None:
-                raise n
-            if not n:
-                return
-            with memoryview(buf) as view, view[:n] as data:
-                h.update(data)
-            if limit:
-                limit.take(n)
-            free.put(buf)
-    finally:
-        stop.set()
-        free.put(None)  # wakes a reader waiting for a buffer
-        thread.join()
-
-
-def hash_file(path: str, kind: str, size: int, limit: RateLimit | None = None, drop_cold: bool = False) -> str:
-    h = hashlib.sha256() if kind == "sha256" else hashlib.sha1()
-    if kind == "git_sha1":
-        h.update(b"blob %d\0" % size)
-    with open(path, "rb", buffering=0) as f:
-        fd = f.fileno()
-        actual = os.fstat(fd).st_size
-        cached = actual > 0 and is_cached(fd, actual)
-        if cached:  # in place: no copy (a file truncated meanwhile ends the process with SIGBUS: fails closed)
-            with mmap.mmap(fd, actual, prot=mmap.PROT_READ) as mapped:
-                mapped.madvise(mmap.MADV_SEQUENTIAL)
-                with memoryview(mapped) as view:
-                    for off in range(0, actual, MAP_WINDOW):
-                        with view[off:off + MAP_WINDOW] as window:
-                            h.update(window)
-                            if limit:
-                                limit.take(len(window))
-        else:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            _hash_stream(fd, h, limit)
-            if drop_cold:  # a scheduled verify must not push the node's working set out of the cache
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    return h.hexdigest()
-
-
-def default_jobs(files: int) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(files, cores, 64))
+# The modules beside this one, imported the way this one was loaded: run as a file (on the node
+# `python3 /usr/local/lib/inference-nodes/verify_snapshot.py`, where deploys/model_snapshot.py installs them
+# all together), its own folder is sys.path[0] and __package__ is empty; imported as
+# files.model_snapshot.verify_snapshot (deploys, tests), they come from that package. Chosen by __package__,
+# never by trying one and falling back: a process holds one copy of each module, so ManifestError is one class
+# whichever module it is caught through, and a module left out of the install fails here, by its name.
+if __package__:
+    from .snapshot_hashing import RateLimit, default_jobs, hash_file
+    from .snapshot_manifest import (IGNORED_DIRS, STAMP_NAME, link_boundary, link_problem, manifest_digest,
+                                    read_manifest, remove_paths, shown)
+else:
+    from snapshot_hashing import RateLimit, default_jobs, hash_file
+    from snapshot_manifest import (IGNORED_DIRS, STAMP_NAME, link_boundary, link_problem, manifest_digest,
+                                   read_manifest, remove_paths, shown)
 
 
 def list_files(root: str) -> set[str]:

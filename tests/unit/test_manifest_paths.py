@@ -16,8 +16,11 @@ from types import SimpleNamespace
 import pytest
 
 from deploys.model_manifest import ManifestError, read_manifest
+from deploys.model_snapshot import VERIFIER_FILES
+from files import helper_path
 from files.model_snapshot import peer_pull
-from files.model_snapshot.verify_snapshot import gate, remove_paths, verify
+from files.model_snapshot.snapshot_manifest import remove_paths
+from files.model_snapshot.verify_snapshot import gate, verify
 
 VERIFIER = "files/model_snapshot/verify_snapshot.py"
 PEER_PULL = "files/model_snapshot/peer_pull.py"
@@ -391,9 +394,9 @@ def test_peer_pull_refuses_links_out_before_fetching_blobs_through_them(hf_cache
 
 
 def test_peer_pull_on_the_node_refuses_a_bad_manifest_and_files_it_does_not_list(tmp_path, plain):
-    node = tmp_path / "node"  # as installed: peer_pull.py beside verify_snapshot.py, nothing else
+    node = tmp_path / "node"  # as installed: peer_pull.py beside the verifier's modules, nothing else
     node.mkdir()
-    for script in (PEER_PULL, VERIFIER):
+    for script in (PEER_PULL, *(helper_path(f"model_snapshot/{name}") for name in VERIFIER_FILES)):
         shutil.copy(script, node)
     cmd = [sys.executable, str(node / "peer_pull.py"), "rsync://peer/model/", plain.dir, "/nonexistent"]
     bad = write(tmp_path, hostile_path("../../etc/cron.d/x"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,8 +20,12 @@ import hashlib
 import threading
 import time
 
-from files.model_snapshot import verify_snapshot
-from files.model_snapshot.verify_snapshot import RateLimit, gate, hash_file, manifest_digest, verify
+from deploys.model_snapshot import VERIFIER_FILES
+from files import helper_path
+from files.model_snapshot import snapshot_hashing
+from files.model_snapshot.snapshot_hashing import RateLimit, hash_file
+from files.model_snapshot.snapshot_manifest import manifest_digest
+from files.model_snapshot.verify_snapshot import gate, verify
 
 VERIFIER = "files/model_snapshot/verify_snapshot.py"
 
@@ -179,6 +184,27 @@ def test_same_size_flip_passes_the_stamp_and_a_full_rehash_finds_and_records_it(
     assert open(snap["stamp"], "rb").read() == stamp_before, "an unchanged snapshot re-verified writes the same stamp"
 
 
+def test_the_installed_files_alone_verify_and_find_a_flipped_byte(snap, tmp_path):
+    """What the deploy installs in /usr/local/lib/inference-nodes/, copied alone into an empty folder and run as
+    the node runs it: no site-packages (-S), so no `files` package to fall back on, and no PYTHON* variables."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for name in VERIFIER_FILES:
+        shutil.copy(helper_path(f"model_snapshot/{name}"), lib)
+    cli = [sys.executable, "-S", "-E", str(lib / "verify_snapshot.py"), snap["manifest_path"], snap["dir"],
+           "--stamp", snap["stamp"]]
+    ok = subprocess.run([*cli, "--full", "--json", "--quiet"], capture_output=True, text=True, cwd=tmp_path)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["ok"] is True, ok.stderr
+    assert json.loads(ok.stdout)["hashed"] == len(snap["manifest"]["files"])
+    gated = subprocess.run([*cli, "--gate"], capture_output=True, text=True, cwd=tmp_path)
+    assert gated.returncode == 0 and "verified against sha256:" in gated.stdout, gated.stderr
+    blob = _blob(snap, "model-00003-of-00003.safetensors")
+    _flip_keeping_stat(blob, 123)
+    bad = subprocess.run([*cli, "--full"], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 1 and bad.stdout.startswith("HASH model-00003-of-00003.safetensors: "), bad.stderr
+    assert bad.stdout.splitlines()[-1].startswith("BAD")
+
+
 def test_check_only_writes_and_deletes_nothing(snap, tmp_path):
     assert run(snap)["ok"]
     stamp = open(snap["stamp"], "rb").read()
@@ -190,10 +216,10 @@ def test_check_only_writes_and_deletes_nothing(snap, tmp_path):
 
 @pytest.mark.parametrize("cached", [True, False], ids=["in-place-mmap", "streamed-read"])
 def test_both_hashing_paths_give_the_file_digest(tmp_path, monkeypatch, cached):
-    data = os.urandom(3 * verify_snapshot.MAP_WINDOW + 12345)
+    data = os.urandom(3 * snapshot_hashing.MAP_WINDOW + 12345)
     path = tmp_path / "shard"
     path.write_bytes(data)
-    monkeypatch.setattr(verify_snapshot, "is_cached", lambda fd, size: cached)
+    monkeypatch.setattr(snapshot_hashing, "is_cached", lambda fd, size: cached)
     assert hash_file(str(path), "sha256", len(data)) == hashlib.sha256(data).hexdigest()
     assert hash_file(str(path), "git_sha1", len(data)) == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
     empty = tmp_path / "empty"
@@ -205,9 +231,9 @@ def test_both_hashing_paths_give_the_file_digest(tmp_path, monkeypatch, cached):
 def test_streamed_read_hashes_every_tail_and_reuses_its_buffers(tmp_path, monkeypatch, size):
     """A cold file goes through the reader thread's ring of buffers: more chunks than buffers, and a last chunk
     that is short, full or a single byte, all give the file's digest."""
-    monkeypatch.setattr(verify_snapshot, "is_cached", lambda fd, size: False)
-    monkeypatch.setattr(verify_snapshot, "READ_CHUNK", 4096)
-    monkeypatch.setattr(verify_snapshot, "READ_BUFFERS", 2)
+    monkeypatch.setattr(snapshot_hashing, "is_cached", lambda fd, size: False)
+    monkeypatch.setattr(snapshot_hashing, "READ_CHUNK", 4096)
+    monkeypatch.setattr(snapshot_hashing, "READ_BUFFERS", 2)
     data = os.urandom(size)
     path = tmp_path / "shard"
     path.write_bytes(data)
@@ -216,8 +242,8 @@ def test_streamed_read_hashes_every_tail_and_reuses_its_buffers(tmp_path, monkey
 
 
 def test_a_read_error_in_the_reader_thread_fails_the_file_and_stops_the_thread(tmp_path, monkeypatch):
-    monkeypatch.setattr(verify_snapshot, "is_cached", lambda fd, size: False)
-    monkeypatch.setattr(verify_snapshot, "READ_CHUNK", 4096)
+    monkeypatch.setattr(snapshot_hashing, "is_cached", lambda fd, size: False)
+    monkeypatch.setattr(snapshot_hashing, "READ_CHUNK", 4096)
     (tmp_path / "snap").mkdir()
     path = tmp_path / "snap" / "shard"
     path.write_bytes(os.urandom(20 * 4096))
@@ -246,8 +272,8 @@ def test_a_read_error_in_the_reader_thread_fails_the_file_and_stops_the_thread(t
 
 def test_a_failing_hash_step_stops_the_reader_thread(tmp_path, monkeypatch):
     """The rate cap (or anything in the hashing thread) raising ends the read too: no thread is left reading."""
-    monkeypatch.setattr(verify_snapshot, "is_cached", lambda fd, size: False)
-    monkeypatch.setattr(verify_snapshot, "READ_CHUNK", 4096)
+    monkeypatch.setattr(snapshot_hashing, "is_cached", lambda fd, size: False)
+    monkeypatch.setattr(snapshot_hashing, "READ_CHUNK", 4096)
     path = tmp_path / "shard"
     path.write_bytes(os.urandom(50 * 4096))
 
@@ -275,7 +301,7 @@ def test_nested_hf_cache_download_passes_and_a_stray_python_file_closes_the_gate
     from huggingface_hub import snapshot_download
 
     from deploys.model_manifest import generate
-    from files.model_snapshot.verify_snapshot import remove_paths
+    from files.model_snapshot.snapshot_manifest import remove_paths
     from tests.sandbox.standin_hub import COMMITS, REPO, serve
 
     repo = tmp_path / "repo"
