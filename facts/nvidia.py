@@ -310,22 +310,22 @@ def driver_state(packages: dict, module: dict, kernel: dict | None = None) -> Dr
     release = (kernel or {}).get("running")
     modules = modules_for(kernel or {}, release)
     others = sorted(m["kernel"] for m in map(MODULES_PACKAGE.match, (kernel or {}).get("packages", {})) if m)
-    booting = boot_kernel(kernel or {})
+    differs = installed is not None and modules is not None and modules[1] != installed
+    unbuilt = installed is not None and not modules and not loaded and bool(others)
+    booting = boot_kernel(kernel or {}) if differs or unbuilt else None
     boot_modules = modules_for(kernel or {}, booting) if booting else None
     state: DriverStateName
-    running_mismatch = installed is not None and (
-        (modules and modules[1] != installed) or (not modules and not loaded and others))
-    if running_mismatch and boot_modules and boot_modules[1] == installed:
+    if boot_modules and boot_modules[1] == installed:
         state, reason = "reboot_required", (
             f"the running kernel {release} has "
             + (f"{modules[0]} with module {modules[1]}" if modules else "no linux-modules-nvidia package")
             + f", userspace driver {installed} is installed; the next boot starts kernel {booting}, whose "
             f"{boot_modules[0]} carries {boot_modules[1]}: a reboot into {booting} loads it")
-    elif installed is not None and modules and modules[1] != installed:
+    elif differs:
         state, reason = "packages_differ", (
             f"{modules[0]} carries module {modules[1]}, userspace driver {installed} is installed"
             + (f", module {loaded} is loaded" if loaded else ""))
-    elif installed is not None and not modules and not loaded and others:
+    elif unbuilt:
         state, reason = "packages_differ", (
             f"no linux-modules-nvidia package for the running kernel {release} (installed for "
             f"{', '.join(others)}): no nvidia module can load")

@@ -42,13 +42,17 @@ DERIVED_VLLM_FLAGS = {
 SECRET_VLLM_FLAGS = frozenset({"--api-key", "--api_key", "--hf-token", "--hf_token"})
 
 
-def derived_vllm_flag(arg: str) -> str | None:
-    """The derived flag ``arg`` spells (vLLM's parser also accepts `--x_y` and `--x=v`), else None."""
+def vllm_flag_name(arg: str) -> str | None:
+    """The flag ``arg`` spells, as vLLM's parser reads it (`--x_y` is `--x-y`, `--x=v` is `--x`), else None."""
     if not arg.startswith("-"):
         return None
     name = arg.split("=", 1)[0]
-    if name.startswith("--"):
-        name = "--" + name[2:].replace("_", "-")
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
+def derived_vllm_flag(arg: str) -> str | None:
+    """The derived flag ``arg`` spells, else None."""
+    name = vllm_flag_name(arg)
     return name if name in DERIVED_VLLM_FLAGS else None
 
 
@@ -121,13 +125,16 @@ class ContainerKeys(ComponentKeys):
     )
 
     def vllm_flag(self, flag: str) -> str | None:
-        """The value ``vllm_args`` gives ``flag`` (`--flag V` or `--flag=V`, the last one wins), else None."""
+        """The value ``vllm_args`` gives ``flag`` (in any spelling vLLM reads: `--flag V`, `--flag=V`, `--fl_ag V`;
+        the last one wins), else None."""
         value = None
         for i, arg in enumerate(self.vllm_args):
-            if arg == flag and i + 1 < len(self.vllm_args):
-                value = self.vllm_args[i + 1]
-            elif arg.startswith(f"{flag}="):
+            if vllm_flag_name(arg) != flag:
+                continue
+            if "=" in arg:
                 value = arg.split("=", 1)[1]
+            elif i + 1 < len(self.vllm_args):
+                value = self.vllm_args[i + 1]
         return value
 
     @model_validator(mode="after")

@@ -315,6 +315,10 @@ def test_gate_keys_are_typed(key, value, expected):
      "below --max-model-len 1048576"),
     ({"gate_long_context_tokens": 1048570}, "gate_long_context_tokens",
      "at most --max-model-len 1048576 (vllm_args) less the answer's 16 tokens"),
+    ({"gate_concurrency": 2, "vllm_args": ["--max_num_seqs", "1"]}, "gate_concurrency",
+     "at most --max-num-seqs 1 (vllm_args)"),  # vLLM reads the underscore spelling too
+    ({"gate_long_context_tokens": 4096, "vllm_args": ["--max-model-len=4096"]}, "gate_long_context_tokens",
+     "at most --max-model-len 4096 (vllm_args)"),
 ])
 def test_a_gate_the_servers_own_limits_would_fail_is_refused(extra, key, expected):
     from deploys.schema import InventoryValidationError, validate_hosts
