@@ -4,7 +4,7 @@ Run with the image's Python (`podman exec NAME python3 - < nccl_runtime.py`, or 
 given library): it imports torch and vLLM's own `find_nccl_library()` as the server does, loads that library
 (after `import torch` a pip wheel's NCCL is already mapped and wins over a .deb's of the same soname), asks
 it `ncclGetVersion` and prints one JSON line: ``{"version": "2.29.3", "library": "/path/libnccl.so.2"}``,
-or ``{"cuda": null}`` for a build without CUDA (nothing to check), or ``{"error": "..."}`` (exit 1).
+or ``{"cuda": null}`` for a build without CUDA that names no NCCL (nothing to check), or ``{"error": "..."}`` (exit 1).
 
 `torch.cuda.nccl.version()` is not used: it is the version torch was compiled against, not the one loaded.
 """
@@ -15,7 +15,6 @@ import ctypes
 import json
 import os
 import sys
-
 
 
 def known_bad_path() -> str:
@@ -35,29 +34,40 @@ def library_version(path: str) -> dict:
     code = ctypes.c_int()
     if lib.ncclGetVersion(ctypes.byref(code)) != 0:
         raise RuntimeError(f"ncclGetVersion failed in {path}")
-    return {"version": version_string(code.value), "library": _mapped(os.path.basename(path)) or path}
+    return {"version": version_string(code.value), "library": _loaded_file(path)}
+
+
+def _loaded_file(path: str) -> str:
+    """The file ``ctypes.CDLL(path)`` loaded: ``path`` itself where it names a file, else the one the process
+    has mapped under that soname (which libnccl.so.2 won: after `import torch`, a pip wheel's)."""
+    if os.sep in path:
+        return os.path.realpath(path)
+    return _mapped(path) or path
 
 
 def _mapped(name: str) -> str | None:
-    """The file the process has mapped for library ``name`` (which libnccl.so.2 won)."""
     try:
         with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if line.rstrip().endswith(name)}
+            paths = {p for line in f if (p := line.split()[-1]).startswith("/") and os.path.basename(p) == name}
     except OSError:
         return None
     return sorted(paths)[0] if paths else None
 
 
 def serving_process_nccl() -> dict:
-    import torch
+    """What vLLM's pynccl would load: `VLLM_NCCL_SO_PATH` when the container sets it, else libnccl.so.2 for a
+    CUDA torch (already mapped by `import torch` where a pip wheel brings it)."""
+    __import__("torch")  # first, as in the server: torch's own NCCL is mapped before vLLM looks
 
-    if torch.version.cuda is None:
-        return {"cuda": None}
     try:
         from vllm.utils.nccl import find_nccl_library
     except ImportError:  # older vLLM
         from vllm.utils import find_nccl_library
-    return library_version(find_nccl_library())
+    try:
+        library = find_nccl_library()
+    except ValueError:  # neither CUDA nor ROCm, and no VLLM_NCCL_SO_PATH: the server loads no NCCL
+        return {"cuda": None}
+    return library_version(library)
 
 
 def known_bad(version: str, arch: str, multi_node: bool, path: str | None = None) -> dict | None:

@@ -2,15 +2,16 @@
 A's env contract with TP=2 on one node; sandbox-b0 and sandbox-b1 form one TP=2 job across the two nodes
 (worker first, then head). Answering on loopback only, untouched by a no-op converge (same PID), checked by
 the image's own vLLM before a unit changes, restored after a hand edit, gated on the verified model, the
-serving gate against the real server (and against the scrambled known-answer model), the compile cache
-reused, a worker that does not outlive its head, a silent same-size flip found by the deep verify (service
-stopped, repaired and restarted by the next converge) or by a forced full re-hash under the running
-service, and back after a reboot."""
+serving gate against the real server (and against the scrambled known-answer model), the NCCL the image
+would load (the pair marked aarch64 fails on its version), the compile cache reused, a worker that does not
+outlive its head, a silent same-size flip found by the deep verify (service stopped, repaired and restarted
+by the next converge) or by a forced full re-hash under the running service, and back after a reboot."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -88,6 +89,36 @@ def start_time(node: str) -> datetime:
     """The service's wall-clock start time (the nodes share this machine's clock)."""
     out = on_node(node, f"systemctl show --timestamp=us+utc -p ExecMainStartTimestamp --value {UNITS[node]}").stdout
     return datetime.strptime(out.strip(), "%a %Y-%m-%d %H:%M:%S.%f %Z")
+
+
+def test_the_nccl_audit_fails_the_images_nccl_on_a_pair_marked_aarch64(sandbox, tmp_path):
+    """The NCCL the serving process would load, read inside B's running containers: the sandbox image's torch
+    brings NVIDIA's real NCCL wheel (pinned in tests/sandbox/vllm_requirements.txt), a version that is fine on
+    this x86_64 pair and deadlocks on aarch64. The same pair marked aarch64 fails, naming the version, the
+    library file, the fix and the source."""
+    from files.inference_service import nccl_runtime
+
+    with open("tests/sandbox/vllm_requirements.txt") as f:
+        pin = re.search(r"^nvidia-nccl-cu\d+==(\S+)$", f.read(), re.M).group(1)
+    bad = nccl_runtime.known_bad(pin, "aarch64", multi_node=True)
+    assert bad, f"the sandbox image's NCCL {pin} is not known-bad on aarch64 any more: this test needs one that is"
+    audit = [sys.executable, "-m", "pytest", "-q", "-rA", "tests/audit/test_inference_service.py",
+             "--limit", "gb10_dspark", "-k", "nccl"]
+    fine = subprocess.run([*audit, "--inventory", INVENTORY], capture_output=True, text=True, timeout=300)
+    assert fine.returncode == 0 and "2 passed" in fine.stdout, fine.stdout[-3000:]  # read, not skipped
+    os.symlink(os.path.abspath("inventories/group_data"), tmp_path / "group_data")
+    with open(INVENTORY) as f:
+        text = f.read()
+    for rank in (0, 1):
+        entry = f'_node("sandbox-b{rank}", {2202 + rank}, node_rank={rank},'
+        assert entry in text
+        text = text.replace(entry, f'{entry} node_arch="aarch64",')
+    (tmp_path / "sandbox.py").write_text(text)  # same file-name group: the sandbox stand-ins apply
+    marked = subprocess.run([*audit, "--inventory", str(tmp_path / "sandbox.py")], capture_output=True, text=True,
+                            timeout=300)
+    assert marked.returncode == 1 and "2 failed" in marked.stdout, marked.stdout[-3000:]
+    assert re.search(rf"NCCL {re.escape(pin)} \(/\S+/nvidia/nccl/lib/libnccl\.so\.2\) {re.escape(bad['problem'])}; "
+                     rf"fixed in {bad['fixed_in']} \({re.escape(bad['source'])}\)", marked.stdout), marked.stdout[-3000:]
 
 
 def test_restart_gate_restarts_the_pair_worker_first_and_the_smoke_passes_after(sandbox):

@@ -4,6 +4,7 @@ with the NCCL version call), and the known-bad list is data."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,26 @@ def test_the_version_is_read_from_the_library_itself(tmp_path):
     assert seen == {"version": "2.29.2", "library": str(lib)}
     missing = subprocess.run([sys.executable, HELPER, str(tmp_path / "nope.so")], capture_output=True, text=True)
     assert missing.returncode == 1 and "error" in json.loads(missing.stdout)
+
+
+@pytest.mark.skipif(not shutil.which("cc"), reason="needs a C compiler")
+def test_the_library_named_is_the_file_that_answered(tmp_path):
+    """Two libnccl.so.2 in one process, as after `import torch` with a pip wheel's NCCL: by soname the
+    one already mapped answers and is named; by path (VLLM_NCCL_SO_PATH) that file answers and is named."""
+    src = tmp_path / "nccl.c"
+    src.write_text("int ncclGetVersion(int *v) { *v = VERSION; return 0; }\n")
+    libs = {}
+    for code in (22809, 22903):
+        libs[code] = tmp_path / str(code) / "libnccl.so.2"
+        libs[code].parent.mkdir()
+        subprocess.run(["cc", "-shared", "-fPIC", f"-DVERSION={code}", "-Wl,-soname,libnccl.so.2", "-o",
+                        str(libs[code]), str(src)], check=True)
+    probe = ("import ctypes, json, sys; sys.path[:0] = [sys.argv[1]]; import nccl_runtime; ctypes.CDLL(sys.argv[2]); "
+             "print(json.dumps([nccl_runtime.library_version(p) for p in sys.argv[3:]]))")
+    out = subprocess.run([sys.executable, "-c", probe, os.path.dirname(HELPER), str(libs[22809]), "libnccl.so.2",
+                          str(libs[22903])], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [{"version": "2.28.9", "library": str(libs[22809])},
+                                      {"version": "2.29.3", "library": str(libs[22903])}]
 
 
 def test_known_bad_versions_fail_multi_node_aarch64_only():
