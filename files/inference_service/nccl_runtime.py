@@ -48,9 +48,15 @@ def _loaded_file(path: str) -> str:
 def _mapped(name: str) -> str | None:
     try:
         with open("/proc/self/maps") as f:
-            paths = {p for line in f if (p := line.split()[-1]).startswith("/") and os.path.basename(p) == name}
+            return mapped_file(name, f)
     except OSError:
         return None
+
+
+def mapped_file(name: str, maps) -> str | None:
+    """The file a /proc/PID/maps listing maps under the library name ``name`` (first by path if several)."""
+    paths = {p for line in maps if len(fields := line.split()) >= 6 and (p := fields[5]).startswith("/")
+             and os.path.basename(p) == name}
     return sorted(paths)[0] if paths else None
 
 

@@ -58,6 +58,20 @@ def test_the_library_named_is_the_file_that_answered(tmp_path):
                                       {"version": "2.29.3", "library": str(libs[22903])}]
 
 
+# /proc/self/maps of the sandbox image's python after `import torch` and ctypes.CDLL("libnccl.so.2"), captured
+# 2026-12-02 (an excerpt: torch, the NCCL wheel, an anonymous mapping, the stack; the look-alike
+# /opt/other/libmynccl.so.2 line is added, not captured)
+CAPTURED_MAPS = os.path.join(os.path.dirname(__file__), "fixtures", "proc-maps-sandbox-image-nccl.txt")
+
+
+def test_the_mapped_nccl_is_found_in_a_captured_listing():
+    with open(CAPTURED_MAPS) as f:
+        lines = f.read().splitlines()
+    wheel = "/opt/vllm/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2"
+    assert nccl_runtime.mapped_file("libnccl.so.2", lines) == wheel
+    assert nccl_runtime.mapped_file("libnccl.so.2", [ln for ln in lines if "nvidia/nccl" not in ln]) is None
+
+
 def test_known_bad_versions_fail_multi_node_aarch64_only():
     entry = known_bad("2.28.9", "aarch64", multi_node=True)
     assert entry["fixed_in"] == "2.29.3" and entry["source"].endswith("NVIDIA/nccl/issues/2353")
