@@ -1,7 +1,8 @@
 """The control side's handle on the serving gate (files/serving_gate/serving_gate.py: stdlib only, uploaded
 to a head and run there, since the API stays on loopback): its path, the options a node's profile gives it
-(GateKeys), the order a cluster restarts in, where its startup log is read, and the gate's own functions for
-code that runs here (``wait_ready``: the one /health wait of the audits, the node tests and the benchmarks).
+(GateKeys), the order a cluster restarts in, where its startup log is read, the command that runs it on a
+head together with the modules it imports (``node_script``), and the gate's own functions for code that runs
+here (``wait_ready``: the one /health wait of the audits, the node tests and the benchmarks).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from types import ModuleType
 
 from deploys.schema import NodeConfig
 
-GATE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "files/serving_gate/serving_gate.py")
+GATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "files", "serving_gate")
+GATE = os.path.join(GATE_DIR, "serving_gate.py")
+GATE_FILES = ("schema_subset.py", "serving_gate.py")  # the gate and what it imports from beside it
 
 
 @functools.cache
@@ -28,6 +31,16 @@ def gate_module() -> ModuleType:
 def wait_ready(base: str, timeout: float, interval: float = 2.0) -> float:
     """Seconds until BASE/health answers 200; TimeoutError (naming the URL and last answer) after ``timeout``."""
     return gate_module().wait_ready(base, timeout, interval)
+
+
+def node_script(run: str, names: tuple[str, ...] = GATE_FILES) -> str:
+    """A command for a head: ``names`` (files/serving_gate/) written into a private temporary directory
+    ``$d``, removed on exit, then the shell lines ``run`` (which run them from there, e.g. ``"$d/serving_gate.py"``)."""
+    files = []
+    for name in names:
+        with open(os.path.join(GATE_DIR, name)) as f:
+            files.append(f"cat > \"$d/{name}\" <<'GATE_EOF'\n{f.read()}\nGATE_EOF\n")
+    return "sh <<'GATE_SH'\nd=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT\n" + "".join(files) + run + "GATE_SH"
 
 
 def api_url(cfg: NodeConfig) -> str:

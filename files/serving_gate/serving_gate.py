@@ -18,15 +18,18 @@ turns them into these options): `--concurrency K` sends K identical greedy reque
 exactly N tokens (`max_tokens` + `ignore_eos`), samples /metrics while they run and wants
 `vllm:num_requests_running` = K with `vllm:num_requests_waiting` = 0, every reply `finish_reason` "length"
 with `usage.completion_tokens` = N and the same text, and reports the decode rate from usage (and checks
-`vllm:generation_tokens_total` rose by at least as much). `kv_capacity()` parses the startup log's
-`GPU KV cache size` and `Maximum concurrency` lines (the audit reads the journal). `wait_ready()` is the one
-wait for /health that the gate, the audits, the node tests and the benchmarks use.
+`vllm:generation_tokens_total` rose by at least as much). The KV-capacity gate reads the startup log, not
+the API: kv_capacity.py beside this file. `wait_ready()` is the one wait for /health that the gate, the
+audits, the node tests and the benchmarks use.
 
 Every request is greedy and bounded (MAX_TOKENS, $SERVING_GATE_MAX_TOKENS overrides), and every structured
 one has a closed, bounded schema (enum, maxLength, integer bounds, no extra keys): a broken model still
 finishes each request quickly, with HTTP 200 and nonsense, and fails on content. The requests are plain
 data here (COHERENCE_MESSAGES, TOOL_MESSAGES, tool_result_messages, JSON_MESSAGES, ...) so that the
 sandbox's known-answer model (tests/sandbox/tiny_model.py) is trained on exactly what the gate sends.
+The strict JSON answer is validated by schema_subset.py, imported from beside this file (run as a file,
+this folder is sys.path[0]; loaded by path, as deploys/serving_gate.py, the unit tests and tiny_model.py
+do, the gate puts it there first, as needle.py does for this file): wherever the gate runs, it goes along.
 """
 
 import argparse
@@ -38,6 +41,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from schema_subset import schema_errors  # noqa: E402 - the validator of the strict JSON answer, beside this file
 
 MAX_TOKENS = int(os.environ.get("SERVING_GATE_MAX_TOKENS") or 48)
 
@@ -74,18 +80,12 @@ CITY_SCHEMA = {
 }
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True}}
 
-TYPES = {"string": str, "number": (int, float), "integer": int, "object": dict, "array": list, "boolean": bool}
 METRICS = ("vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
 WAITING = "vllm:num_requests_waiting"
 
 # The concurrency proof's request (seed 004's "count 1-300, exact bounded output"): its length is fixed by
 # max_tokens + ignore_eos, whatever the model answers.
 CONCURRENCY_MESSAGES = [{"role": "user", "content": "Count from 1 to 300, separated by spaces."}]
-
-# vLLM's startup log (v1/core/kv_cache_utils.py): "GPU KV cache size: 285,336 tokens" and "Maximum
-# concurrency for 262,144 tokens per request: 1.09x" (it says GPU on the CPU build too).
-KV_SIZE = re.compile(r"GPU KV cache size: ([0-9][0-9,]*) tokens")
-KV_CONCURRENCY = re.compile(r"Maximum concurrency for ([0-9][0-9,]*) tokens per request: ([0-9]+(?:\.[0-9]+)?)x")
 
 
 def tool_result_messages(call_id, name, arguments):
@@ -129,35 +129,6 @@ def wait_ready(base, timeout, interval=2.0):
         if time.monotonic() - t0 >= timeout:
             raise TimeoutError(f"{base.rstrip('/')}/health did not answer 200 in {timeout:g} s (last: {last})")
         time.sleep(interval)
-
-
-def kv_capacity(log):
-    """The last `GPU KV cache size` and `Maximum concurrency` figures in a startup log:
-    {"tokens": N, "request_tokens": M, "concurrency": X}, a missing line's values None."""
-    sizes, concurrency = KV_SIZE.findall(log), KV_CONCURRENCY.findall(log)
-    return {"tokens": int(sizes[-1].replace(",", "")) if sizes else None,
-            "request_tokens": int(concurrency[-1][0].replace(",", "")) if concurrency else None,
-            "concurrency": float(concurrency[-1][1]) if concurrency else None}
-
-
-def kv_capacity_problems(figures, min_tokens=None, min_concurrency=None):
-    """What is wrong with the startup log's KV figures against the profile's minimums (empty: nothing)."""
-    problems = []
-    if min_tokens is not None:
-        if figures["tokens"] is None:
-            problems.append("the startup log has no 'GPU KV cache size: N tokens' line (gate_kv_cache_min_tokens "
-                            f"{min_tokens:,} cannot be checked)")
-        elif figures["tokens"] < min_tokens:
-            problems.append(f"GPU KV cache size {figures['tokens']:,} tokens is below gate_kv_cache_min_tokens "
-                            f"{min_tokens:,}")
-    if min_concurrency is not None:
-        if figures["concurrency"] is None:
-            problems.append("the startup log has no 'Maximum concurrency for M tokens per request: X' line "
-                            f"(gate_kv_min_concurrency {min_concurrency:g} cannot be checked)")
-        elif figures["concurrency"] < min_concurrency:
-            problems.append(f"maximum concurrency {figures['concurrency']:g}x for {figures['request_tokens']:,} "
-                            f"tokens per request is below gate_kv_min_concurrency {min_concurrency:g}x")
-    return problems
 
 
 def concurrency_verdict(k, tokens, samples, replies, seconds, generated, min_tok_s=0.0):
@@ -239,38 +210,6 @@ def concurrency_proof(base, model, k, tokens, min_tok_s=0.0, poll=0.1):
     wall = time.monotonic() - t0
     generated = metric_samples(base).get(METRICS[0], 0.0) - before
     return concurrency_verdict(k, tokens, samples, replies, seconds + [wall], generated, min_tok_s)
-
-
-def schema_errors(value, schema):
-    """The subset of JSON Schema the gate's bounded schemas use: type, enum, maxLength/minLength,
-    minimum/maximum, properties, required, additionalProperties: false."""
-    errors = []
-    kind = schema.get("type")
-    want = TYPES.get(kind)
-    if want and (not isinstance(value, want) or (kind in ("number", "integer") and isinstance(value, bool))):
-        return [f"expected {kind}, got {type(value).__name__}"]
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append(f"{value!r} not in {schema['enum']}")
-    if isinstance(value, str):
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            errors.append(f"longer than {schema['maxLength']}")
-        if "minLength" in schema and len(value) < schema["minLength"]:
-            errors.append(f"shorter than {schema['minLength']}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(f"{value} < minimum {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(f"{value} > maximum {schema['maximum']}")
-    if kind == "object":
-        for key in schema.get("required", []):
-            if key not in value:
-                errors.append(f"missing {key}")
-        for key, sub in schema.get("properties", {}).items():
-            if key in value:
-                errors += [f"{key}: {e}" for e in schema_errors(value[key], sub)]
-        if schema.get("additionalProperties") is False:
-            errors += [f"unexpected {k}" for k in value if k not in schema.get("properties", {})]
-    return errors
 
 
 def metric_samples(base):

@@ -14,8 +14,8 @@ import shlex
 import pytest
 
 from deploys.inference_service import served_model_name
+from deploys.serving_gate import GATE_FILES, node_script
 
-GATE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "files", "serving_gate")
 READY_TIMEOUT_S = int(os.environ.get("SERVING_READY_TIMEOUT_S", "900"))
 
 pytestmark = pytest.mark.long_context
@@ -24,15 +24,10 @@ pytestmark = pytest.mark.long_context
 def needle_script(url: str, model: str, tokens: int, *extra: str) -> str:
     """A shell script for the node: needle.py and the serving gate it imports into a private temporary
     directory, wait for /health, then one retrieval request against the head's API."""
-    files = []
-    for name in ("serving_gate.py", "needle.py"):
-        with open(os.path.join(GATE_DIR, name)) as f:
-            files.append(f"cat > \"$d/{name}\" <<'GATE_EOF'\n{f.read()}\nGATE_EOF\n")
     wait = (f"python3 -c \"import time, urllib.request as u\nfor _ in range({READY_TIMEOUT_S}):\n try:\n"
             f"  u.urlopen('{url}/health', timeout=5); break\n except Exception: time.sleep(1)\" 2>/dev/null\n")
     run = f"python3 \"$d/needle.py\" {shlex.quote(url)} {shlex.quote(model)} {int(tokens)} {shlex.join(extra)}\n"
-    script = "d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT\n" + "".join(files) + wait + run
-    return f"sh <<'NEEDLE_SH'\n{script}NEEDLE_SH"
+    return node_script(wait + run, GATE_FILES + ("needle.py",))
 
 
 def verdict_of(stdout: str) -> dict | None:

@@ -13,7 +13,8 @@ import shlex
 import pytest
 
 from deploys.inference_service import served_model_name
-from deploys.serving_gate import GATE, api_url, gate_module, gate_options, startup_log_command
+from deploys.serving_gate import api_url, gate_options, node_script, startup_log_command
+from files.serving_gate.kv_capacity import kv_capacity, kv_capacity_problems
 
 pytestmark = pytest.mark.serving
 READY_TIMEOUT_S = int(os.environ.get("SERVING_READY_TIMEOUT_S", "900"))
@@ -21,10 +22,8 @@ READY_TIMEOUT_S = int(os.environ.get("SERVING_READY_TIMEOUT_S", "900"))
 
 def run_gate(node, *options: str) -> tuple[list[dict], str]:
     """The gate script run on the head against its loopback API: its checks, and its stderr."""
-    with open(GATE) as f:
-        script = f.read()
     argv = shlex.join([api_url(node.cfg), served_model_name(node.cfg), *options])
-    result = node.host.run(f"python3 - {argv} <<'GATE_EOF'\n{script}\nGATE_EOF")
+    result = node.host.run(node_script(f"python3 \"$d/serving_gate.py\" {argv}\n"))
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")], result.stderr.strip()
 
 
@@ -45,9 +44,7 @@ def test_kv_capacity(node, head_only):
         pytest.skip(f"{node.name}: its profile sets no gate_kv_cache_min_tokens / gate_kv_min_concurrency")
     assert_passed(node, *run_gate(node, "--wait", str(READY_TIMEOUT_S), "--ready-only"))  # the log is written
     log = node.host.run(startup_log_command(cfg)).stdout
-    gate = gate_module()
-    figures = gate.kv_capacity(log)
-    problems = gate.kv_capacity_problems(figures, cfg.gate_kv_cache_min_tokens, cfg.gate_kv_min_concurrency)
+    problems = kv_capacity_problems(kv_capacity(log), cfg.gate_kv_cache_min_tokens, cfg.gate_kv_min_concurrency)
     assert not problems, f"{node.name}: {cfg.container_name}.service: " + "; ".join(problems)
 
 

@@ -276,7 +276,8 @@ registry() {
 tiny_models() {
   local here; here=$(cd "$(dirname "$0")" && pwd)
   local gate=$here/../../files/serving_gate
-  local key; key=$(cat "$here/tiny_model.py" "$gate/serving_gate.py" "$gate/needle.py" | sha256sum | cut -c1-12)
+  local key; key=$(cat "$here/tiny_model.py" "$gate/serving_gate.py" "$gate/schema_subset.py" "$gate/needle.py" |
+    sha256sum | cut -c1-12)
   TINY_MODELS=$VLLM_CACHE/tiny-models-$VLLM_BASE_KEY-$key
   [ -f "$TINY_MODELS/.done" ] && return
   local t0=$SECONDS d=$TINY_MODELS.tmp
@@ -284,6 +285,7 @@ tiny_models() {
   log "generating the known-answer tiny model and its scrambled twin (~2 min): $TINY_MODELS"
   vllm_nspawn "$VLLM_ROOTFS" --bind="$d:/out" --bind-ro="$here/tiny_model.py:/run/tiny_model.py" \
     --bind-ro="$gate/serving_gate.py:/run/serving_gate.py" --bind-ro="$gate/needle.py:/run/needle.py" \
+    --bind-ro="$gate/schema_subset.py:/run/schema_subset.py" \
     --setenv=PYTHONDONTWRITEBYTECODE=1 --setenv=HF_HUB_OFFLINE=1 /bin/sh -euc '
       for v in good scrambled; do
         /opt/vllm/bin/python /run/tiny_model.py /out/$v --variant $v --gate /run/serving_gate.py --needle /run/needle.py

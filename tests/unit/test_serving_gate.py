@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from files.serving_gate.kv_capacity import kv_capacity, kv_capacity_problems
+from files.serving_gate.schema_subset import schema_errors
 from tests.unit.profiles import profile
 
 GATE = "files/serving_gate/serving_gate.py"
@@ -66,6 +68,33 @@ def test_gate_reports_an_unreachable_server():
     assert "Connection refused" in results[0]["detail"] or "URLError" in results[0]["detail"]
 
 
+def test_what_a_head_is_sent_is_all_the_gate_and_needle_need(server, tmp_path):
+    """The audits run the gate, and needle.py which imports it, from a private folder on the head (no
+    checkout there): node_script's files alone, run from an empty folder with the system python, answer;
+    the folder is gone afterwards."""
+    from deploys.serving_gate import node_script
+    from tests.audit.test_long_context import needle_script, verdict_of
+
+    mode, url = server
+    if mode != "good":
+        pytest.skip("one mode is enough")
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "tmp").mkdir()
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path / "tmp")}
+
+    def on_head(script):
+        return subprocess.run(script, shell=True, cwd=tmp_path / "cwd", env=env, capture_output=True, text=True,
+                              timeout=60)
+
+    gate = on_head(node_script(f'python3 "$d/serving_gate.py" {url} grandpa\n'))
+    checks = [json.loads(line) for line in gate.stdout.splitlines()]
+    assert gate.returncode == 0 and len(checks) == 7 and all(c["ok"] for c in checks), gate.stderr or checks
+    needle = on_head(needle_script(url, "grandpa", 64))
+    verdict = verdict_of(needle.stdout)  # the stand-in counts 8 prompt tokens: a failing verdict, but one
+    assert verdict and verdict["check"] == "long_context" and "prompt_tokens 8 < 64" in verdict["detail"], needle.stderr
+    assert list((tmp_path / "tmp").iterdir()) == [] and list((tmp_path / "cwd").iterdir()) == []
+
+
 def _gate_module():
     spec = importlib.util.spec_from_file_location("serving_gate", GATE)
     mod = importlib.util.module_from_spec(spec)
@@ -97,15 +126,15 @@ def test_every_structured_request_is_closed_and_bounded():
     (["Paris"], ["expected object"]),
 ])
 def test_schema_errors_covers_the_keywords_the_gate_uses(value, errors):
-    got = _gate_module().schema_errors(value, _gate_module().CITY_SCHEMA)
+    got = schema_errors(value, _gate_module().CITY_SCHEMA)
     assert len(got) == len(errors) and all(g.startswith(e) for g, e in zip(got, errors)), got
 
 
 def test_schema_errors_enum():
     gate = _gate_module()
     params = gate.WEATHER_TOOL["function"]["parameters"]
-    assert gate.schema_errors({"city": "Paris"}, params) == []
-    assert gate.schema_errors({"city": "Lyon"}, params) == [f"city: 'Lyon' not in {params['properties']['city']['enum']}"]
+    assert schema_errors({"city": "Paris"}, params) == []
+    assert schema_errors({"city": "Lyon"}, params) == [f"city: 'Lyon' not in {params['properties']['city']['enum']}"]
 
 
 def test_metrics_check_wants_the_v1_names(monkeypatch):
@@ -150,27 +179,25 @@ CPU_LOG = """\
 
 
 def test_kv_capacity_reads_the_startup_log_lines():
-    gate = _gate_module()
-    assert gate.kv_capacity(SEED_000_LOG) == {"tokens": 285336, "request_tokens": 262144, "concurrency": 1.09}
-    assert gate.kv_capacity(CPU_LOG) == {"tokens": 2097152, "request_tokens": 2048, "concurrency": 1024.0}
-    assert gate.kv_capacity("Starting vLLM API server\n") == {"tokens": None, "request_tokens": None,
-                                                                 "concurrency": None}
+    assert kv_capacity(SEED_000_LOG) == {"tokens": 285336, "request_tokens": 262144, "concurrency": 1.09}
+    assert kv_capacity(CPU_LOG) == {"tokens": 2097152, "request_tokens": 2048, "concurrency": 1024.0}
+    assert kv_capacity("Starting vLLM API server\n") == {"tokens": None, "request_tokens": None,
+                                                            "concurrency": None}
 
 
 def test_kv_capacity_against_the_profile_minimums():
     """Deployment A's profile minimums are seed 000's own figures: its log passes, a smaller pool fails,
     naming the figure, the key and the minimum; a log without the lines fails, saying so."""
-    gate = _gate_module()
     a = profile("rtx_pro_6000_pair")
-    seed = gate.kv_capacity(SEED_000_LOG)
-    assert gate.kv_capacity_problems(seed, a["gate_kv_cache_min_tokens"], a["gate_kv_min_concurrency"]) == []
-    smaller = gate.kv_capacity(SEED_000_LOG.replace("285,336", "200,000").replace("1.09x", "0.76x"))
-    assert gate.kv_capacity_problems(smaller, a["gate_kv_cache_min_tokens"], a["gate_kv_min_concurrency"]) == [
+    seed = kv_capacity(SEED_000_LOG)
+    assert kv_capacity_problems(seed, a["gate_kv_cache_min_tokens"], a["gate_kv_min_concurrency"]) == []
+    smaller = kv_capacity(SEED_000_LOG.replace("285,336", "200,000").replace("1.09x", "0.76x"))
+    assert kv_capacity_problems(smaller, a["gate_kv_cache_min_tokens"], a["gate_kv_min_concurrency"]) == [
         "GPU KV cache size 200,000 tokens is below gate_kv_cache_min_tokens 285,336",
         "maximum concurrency 0.76x for 262,144 tokens per request is below gate_kv_min_concurrency 1.09x"]
-    missing = gate.kv_capacity_problems(gate.kv_capacity(""), 1, 1.0)
+    missing = kv_capacity_problems(kv_capacity(""), 1, 1.0)
     assert len(missing) == 2 and "no 'GPU KV cache size: N tokens' line" in missing[0]
-    assert gate.kv_capacity_problems(gate.kv_capacity(""), None, None) == []  # nothing asked, nothing checked
+    assert kv_capacity_problems(kv_capacity(""), None, None) == []  # nothing asked, nothing checked
     b = profile("gb10_dspark")  # seed 004: 1,372,579 tokens, 1.31x the 1,048,576-token context
     assert (b["gate_kv_cache_min_tokens"], b["gate_kv_min_concurrency"]) == (1372579, 1.31)
     assert "--max-model-len" in b["vllm_args"] and b["vllm_args"][b["vllm_args"].index("--max-model-len") + 1] == "1048576"
