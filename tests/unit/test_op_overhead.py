@@ -8,8 +8,7 @@ import pytest
 from pyinfra.api import arguments as pyinfra_arguments
 from pyinfra.api import facts as pyinfra_facts
 
-import deploys  # noqa: F401  (installs it)
-from deploys import op_overhead
+from deploys import op_overhead  # importing the package installs it
 
 # a deploy file: operations called from nested helpers, over several lines, at several depths
 DEPLOY = '''
