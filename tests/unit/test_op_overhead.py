@@ -1,12 +1,14 @@
 """The cheaper per-operation-call work (deploys/op_overhead.py) gives exactly what pyinfra's own does, and
 is what pyinfra uses once the deploys are imported."""
 
-import importlib
+import inspect
+import os
 import types
 
 import pytest
 from pyinfra.api import arguments as pyinfra_arguments
 from pyinfra.api import facts as pyinfra_facts
+from pyinfra.api import util as pyinfra_util
 
 from deploys import op_overhead  # importing the package installs it
 
@@ -30,11 +32,18 @@ results.append(op())
 '''
 
 
-def _run_deploy(path, state):
+def _run_deploy(path, state, monkeypatch):
     results = []
 
-    def probe():  # both from the same caller frame and line, so their numbers must agree
-        results.append((op_overhead._PYINFRA_ORDER(state), op_overhead.operation_order_from_stack(state)))
+    def answers(pyinfras_own: bool):
+        with monkeypatch.context() as m:
+            if pyinfras_own:  # the inspect functions pyinfra's util module imported
+                m.setattr(pyinfra_util, "stack", inspect.stack)
+                m.setattr(pyinfra_util, "getframeinfo", inspect.getframeinfo)
+            return pyinfra_util.get_operation_order_from_stack(state), pyinfra_util.get_call_location(3)
+
+    def probe():  # both from the same frames, so their answers must agree
+        results.append(tuple(answers(pyinfras_own) for pyinfras_own in (True, False)))
 
     exec(compile(DEPLOY, str(path), "exec"), {"probe": probe})
     return results
@@ -42,19 +51,21 @@ def _run_deploy(path, state):
 
 @pytest.mark.parametrize("is_cli", [True, False])
 @pytest.mark.parametrize("deploy_named", [True, False])
-def test_operation_order_is_pyinfras_own(tmp_path, monkeypatch, is_cli, deploy_named):
+def test_operation_order_and_call_location_are_pyinfras_own(tmp_path, monkeypatch, is_cli, deploy_named):
     path = tmp_path / "deploy.py"
     path.write_text(DEPLOY)
     monkeypatch.setattr("pyinfra.is_cli", is_cli)
     state = types.SimpleNamespace(current_deploy_filename=str(path) if deploy_named else None,
                                   current_op_file_number=7)
-    results = _run_deploy(path, state)
+    results = _run_deploy(path, state, monkeypatch)
     assert len(results) == 5
     for pyinfras, ours in results:
         assert ours == pyinfras
+    (order, location), _ = results[0]
     if deploy_named:  # the numbers start at the deploy file's line of the call (line 15: `results = ...`)
-        assert results[0][1][:2] == ([7, 15] if is_cli else [15, 11])
-    assert len({tuple(ours) for _, ours in results}) > 1, "different call sites must give different orders"
+        assert order[:2] == ([7, 15] if is_cli else [15, 11])
+    assert location == f"line 3 in {os.path.relpath(path)}", location  # where probe() was called: op()
+    assert len({tuple(ours[0]) for _, ours in results}) > 1, "different call sites must give different orders"
 
 
 def test_global_arguments_are_pyinfras_own_and_computed_once():
@@ -65,7 +76,7 @@ def test_global_arguments_are_pyinfras_own_and_computed_once():
 
 
 def test_pyinfra_uses_them_once_the_deploys_are_imported():
-    operation_module = importlib.import_module("pyinfra.api.operation")
-    assert operation_module.get_operation_order_from_stack is op_overhead.operation_order_from_stack
+    assert pyinfra_util.stack is op_overhead.stack_without_source
+    assert pyinfra_util.getframeinfo is op_overhead.frameinfo_without_source
     assert pyinfra_arguments.all_global_arguments is op_overhead.all_global_arguments
     assert pyinfra_facts.all_global_arguments is op_overhead.all_global_arguments
