@@ -12,7 +12,8 @@ Each operation call (one per host and operation: 276 in a four-node run of deplo
 - the global arguments' types (``pyinfra.api.arguments.all_global_arguments``): ``typing.get_type_hints``
   of one fixed class, evaluated afresh at every call and fact; computed once.
 
-Four-node no-op converge (2 cores): the control process's CPU went from 4.9 s to 2.7-3.6 s.
+Four-node no-op converge (2 cores): these cost 1.7 s of the control process's 4.9 s of CPU (cProfile);
+with them gone, and the service check reading one unit's state, it used 2.7-3.6 s (BENCHMARKS.md).
 tests/unit/test_op_overhead.py compares the results with pyinfra's own.
 """
 
