@@ -3,7 +3,10 @@
 1, 2 and 4 sandbox nodes in parallel, with the count of operations, changes and the remote commands each
 host ran in the no-op run (bench/pyinfra_counted.py). Prints a table; not a test.
 
-    python bench/converge.py [--nodes 1,2,4]
+    python bench/converge.py [--nodes 1,2,4] [--keep DIR] [--noop-only DIR] [--runs 3]
+
+--keep DIR leaves the last row's nodes up and its inventories in DIR; --noop-only DIR then times no-op runs
+against the nodes already up (with --nodes 1 against the first of them), to profile without re-booting.
 
 Each node runs deployment A's profile as a cluster of its own (the reference profile, one node each),
 with TP=1 so that four real vLLMs fit this machine; the no-op runs start once every node answers /health.
@@ -85,13 +88,30 @@ def healthy(port: int, timeout: float = 900) -> None:
         raise SystemExit(str(e)) from None
 
 
-def bench(n: int, tmp: str) -> dict:
+def write_inventory(n: int, tmp: str) -> str:
     # named sandbox.py so that the sandbox's stand-in group data (its file-name group) applies
     os.makedirs(os.path.join(tmp, f"bench{n}"), exist_ok=True)
     inventory = os.path.join(tmp, f"bench{n}", "sandbox.py")
     with open(inventory, "w") as f:
         f.write(INVENTORY.format(sandbox_dir=SANDBOX_DIR, commit=COMMIT_A, n=n,
                                  sandbox_inventory=os.path.join(ROOT, "inventories/sandbox.py")))
+    return inventory
+
+
+def noop(n: int, tmp: str, runs: int) -> dict:
+    """Best of ``runs`` no-op converges of the first ``n`` nodes already up (--noop-only)."""
+    inventory = write_inventory(n, tmp)
+    for i in range(n):
+        healthy(8200 + i)
+    walls = [converge(inventory) for _ in range(runs)]
+    print(f"nodes={n} no-op runs (s): " + " ".join(f"{w[0]:.2f}" for w in walls), file=sys.stderr)
+    best, _, changed_noop, _, commands = min(walls)
+    return {"nodes": n, "first_s": float("nan"), "noop_s": best, "ops": walls[0][1], "changed_first": 0,
+            "changed_noop": changed_noop, "peer_fed": 0, "commands_noop": commands}
+
+
+def bench(n: int, tmp: str, keep: bool = False, runs: int = 3) -> dict:
+    inventory = write_inventory(n, tmp)
     run([NODE_SH, "down-all"])
     for i in range(n):
         up = run([NODE_SH, "up", f"bench-{i}", str(2300 + i), "2"])
@@ -104,9 +124,10 @@ def bench(n: int, tmp: str) -> dict:
         first, ops, changed_first, peer_fed, _ = converge(inventory)
         for i in range(n):  # no-op runs timed on idle nodes, not beside vLLM's start-up compile
             healthy(8200 + i)
-        noop, _, changed_noop, _, commands = min(converge(inventory) for _ in range(3))  # best of three
+        noop, _, changed_noop, _, commands = min(converge(inventory) for _ in range(runs))  # best of three
     finally:
-        run([NODE_SH, "down-all"])
+        if not keep:
+            run([NODE_SH, "down-all"])
     return {"nodes": n, "first_s": first, "noop_s": noop, "ops": ops, "changed_first": changed_first,
             "changed_noop": changed_noop, "peer_fed": peer_fed, "commands_noop": commands}
 
@@ -114,11 +135,19 @@ def bench(n: int, tmp: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", default="1,2,4")
+    ap.add_argument("--keep", metavar="DIR", help="leave the last row's nodes up, inventories in DIR")
+    ap.add_argument("--noop-only", metavar="DIR", help="only no-op runs, against nodes already up")
+    ap.add_argument("--runs", type=int, default=3, help="no-op runs per row (the best counts)")
     args = ap.parse_args()
     rows = []
+    counts = [int(x) for x in args.nodes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        for n in (int(x) for x in args.nodes.split(",")):
-            rows.append(bench(n, tmp))
+        for i, n in enumerate(counts):
+            if args.noop_only:
+                rows.append(noop(n, args.noop_only, args.runs))
+            else:
+                keep = bool(args.keep) and i == len(counts) - 1
+                rows.append(bench(n, args.keep if keep else tmp, keep, args.runs))
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; deploys/all.py, deployment A's profile per node")
     print("| nodes | first converge (s) | no-op re-converge (s) | operations | changed (first) | changed (no-op) "
           "| model fed by a peer | remote commands per host (no-op) |")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The pyinfra CLI, counting what it runs on each host: `python bench/pyinfra_counted.py COUNTS.json ARGS...`
 runs `pyinfra ARGS...` and writes {host: {"commands": N, "uploads": M}} to COUNTS.json when it exits
-(and every host's commands, in order, to COUNTS.json.commands).
+(and every host's commands, in order, each with its wall seconds, to COUNTS.json.commands).
 Commands are every shell command a fact or an operation runs over SSH (each one a round trip)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import atexit
 import collections
 import json
 import sys
+import time
 
 from pyinfra.connectors.ssh import SSHConnector
 
@@ -17,13 +18,17 @@ COUNTS: dict[str, dict[str, int]] = collections.defaultdict(lambda: {"commands":
 _run, _put = SSHConnector.run_shell_command, SSHConnector.put_file
 
 
-COMMANDS: dict[str, list[str]] = collections.defaultdict(list)
+COMMANDS: dict[str, list[tuple[float, str]]] = collections.defaultdict(list)
 
 
 def _counted_run(self, *args, **kwargs):
     COUNTS[self.host.name]["commands"] += 1
-    COMMANDS[self.host.name].append(str(args[0] if args else kwargs.get("command"))[:300])
-    return _run(self, *args, **kwargs)
+    t0 = time.perf_counter()
+    try:
+        return _run(self, *args, **kwargs)
+    finally:
+        COMMANDS[self.host.name].append((round(time.perf_counter() - t0, 3),
+                                         str(args[0] if args else kwargs.get("command"))[:300]))
 
 
 def _counted_put(self, *args, **kwargs):
@@ -38,7 +43,7 @@ def main() -> None:
     def write() -> None:
         with open(out, "w") as f:
             json.dump(COUNTS, f, sort_keys=True)
-        with open(out + ".commands", "w") as f:  # what each host ran, in order (to see what to batch)
+        with open(out + ".commands", "w") as f:  # what each host ran, in order, timed (to see what to batch)
             json.dump(COMMANDS, f, indent=1)
 
     atexit.register(write)

@@ -1,8 +1,10 @@
 """inference-nodes deploys: one ``@deploy`` per component, composed by ``deploys/all.py``.
 
 Importing any of them reads each fact once per run while it cannot have changed (deploys/fact_cache.py):
-pyinfra 3 would read it again when the operation executes."""
+pyinfra 3 would read it again when the operation executes; and each operation call finds its place in the
+deploy code without reading source files (deploys/op_overhead.py)."""
 
-from deploys import fact_cache
+from deploys import fact_cache, op_overhead
 
 fact_cache.install()
+op_overhead.install()

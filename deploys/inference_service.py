@@ -290,7 +290,7 @@ def service_current(service: str, started_from: str, fingerprint: str, act: bool
     if not act:
         host.noop("started in the other rank-ordered step")
         return
-    running = host.get_fact(SystemdStatus).get(service)
+    running = host.get_fact(SystemdStatus, services=[service]).get(service)  # one unit, not all of them
     start = host.get_fact(ServiceStartedFrom, record=started_from, stamp=STAMP)
     same_unit = start["unit"] == fingerprint
     if running and same_unit and start["verified"] and start["snapshot"] == start["verified"]:
