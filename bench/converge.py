@@ -124,7 +124,7 @@ def bench(n: int, tmp: str, keep: bool = False, runs: int = 3) -> dict:
         first, ops, changed_first, peer_fed, _ = converge(inventory)
         for i in range(n):  # no-op runs timed on idle nodes, not beside vLLM's start-up compile
             healthy(8200 + i)
-        noop, _, changed_noop, _, commands = min(converge(inventory) for _ in range(runs))  # best of three
+        noop, _, changed_noop, _, commands = min(converge(inventory) for _ in range(runs))  # best of --runs
     finally:
         if not keep:
             run([NODE_SH, "down-all"])
