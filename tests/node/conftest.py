@@ -66,6 +66,23 @@ def changed_operations(proc: subprocess.CompletedProcess) -> list[tuple[str, lis
     return [(op["name"], op["success"]) for op in results["operations"] if op["success"]]
 
 
+def inventory_copy(tmp_path, *edits: tuple[str, str]) -> str:
+    """The sandbox inventory with each ``(old, new)`` text edit made (each ``old`` must be in it), written as
+    ``tmp_path/sandbox.py`` (the same file-name group: the sandbox stand-ins apply) beside a link to the
+    repo's group data, so pyinfra and the audit read the profiles as they read them for INVENTORY."""
+    with open(INVENTORY) as f:
+        text = f.read()
+    for old, new in edits:
+        assert old in text, f"{INVENTORY} no longer has {old!r}"
+        text = text.replace(old, new)
+    link = tmp_path / "group_data"
+    if not link.is_symlink():
+        os.symlink(os.path.abspath("inventories/group_data"), link)
+    inventory = tmp_path / "sandbox.py"
+    inventory.write_text(text)
+    return str(inventory)
+
+
 def on_node(name: str, command: str) -> subprocess.CompletedProcess:
     return subprocess.run([NODE_SH, "ssh", name, command], capture_output=True, text=True, timeout=120)
 

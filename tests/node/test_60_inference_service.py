@@ -19,7 +19,7 @@ import urllib.request
 from datetime import datetime
 
 from deploys import serving_gate
-from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra
+from tests.node.conftest import INVENTORY, changed_operations, inventory_copy, on_node, pyinfra
 from tests.sandbox.standin_hub import BROKEN_COMMIT
 
 PORTS = {"sandbox-a": 8101, "sandbox-b0": 8102}
@@ -106,19 +106,13 @@ def test_the_nccl_audit_fails_the_images_nccl_on_a_pair_marked_aarch64(sandbox, 
              "--limit", "gb10_dspark", "-k", "nccl"]
     fine = subprocess.run([*audit, "--inventory", INVENTORY], capture_output=True, text=True, timeout=300)
     assert fine.returncode == 0 and "2 passed" in fine.stdout, fine.stdout[-3000:]  # read, not skipped
-    os.symlink(os.path.abspath("inventories/group_data"), tmp_path / "group_data")
-    with open(INVENTORY) as f:
-        text = f.read()
-    for rank in (0, 1):
-        entry = f'_node("sandbox-b{rank}", {2202 + rank}, node_rank={rank},'
-        assert entry in text
-        text = text.replace(entry, f'{entry} node_arch="aarch64",')
-    (tmp_path / "sandbox.py").write_text(text)  # same file-name group: the sandbox stand-ins apply
-    marked = subprocess.run([*audit, "--inventory", str(tmp_path / "sandbox.py")], capture_output=True, text=True,
-                            timeout=300)
+    entries = [f'_node("sandbox-b{rank}", {2202 + rank}, node_rank={rank},' for rank in (0, 1)]
+    inventory = inventory_copy(tmp_path, *((entry, f'{entry} node_arch="aarch64",') for entry in entries))
+    marked = subprocess.run([*audit, "--inventory", inventory], capture_output=True, text=True, timeout=300)
     assert marked.returncode == 1 and "2 failed" in marked.stdout, marked.stdout[-3000:]
-    assert re.search(rf"NCCL {re.escape(pin)} \(/\S+/nvidia/nccl/lib/libnccl\.so\.2\) {re.escape(bad['problem'])}; "
-                     rf"fixed in {bad['fixed_in']} \({re.escape(bad['source'])}\)", marked.stdout), marked.stdout[-3000:]
+    named = (rf"NCCL {re.escape(pin)} \(/\S+/nvidia/nccl/lib/libnccl\.so\.2\) {re.escape(bad['problem'])}; "
+             rf"fixed in {bad['fixed_in']} \({re.escape(bad['source'])}\)")
+    assert re.search(named, marked.stdout), marked.stdout[-3000:]
 
 
 def test_restart_gate_restarts_the_pair_worker_first_and_the_smoke_passes_after(sandbox):
@@ -139,17 +133,10 @@ def test_qualification_gates_fail_naming_what_and_why(sandbox, tmp_path):
     """K above the server's --max-num-seqs (3 > 2) where the inventory no longer states the flag (validation
     refuses K above a --max-num-seqs it can see), and a KV minimum above what the startup log reports: the gate
     fails, naming the gauge and the key with their figures."""
-    os.symlink(os.path.abspath("inventories/group_data"), tmp_path / "group_data")
-    with open(INVENTORY) as f:
-        text = f.read()
     head = '_node("sandbox-b0", 2202, node_rank=0,'
-    assert head in text
-    inventory = tmp_path / "sandbox.py"  # same file-name group: the sandbox stand-ins apply
-    seqs = '"--max-num-seqs", "2", '
-    assert seqs in text
-    inventory.write_text(text.replace(head, head + " gate_concurrency=3, gate_kv_cache_min_tokens=10**9,")
-                         .replace(seqs, ""))
-    bad = subprocess.run([*GATE, "--inventory", str(inventory), "--limit", "sandbox-b0",
+    inventory = inventory_copy(tmp_path, (head, head + " gate_concurrency=3, gate_kv_cache_min_tokens=10**9,"),
+                               ('"--max-num-seqs", "2", ', ""))
+    bad = subprocess.run([*GATE, "--inventory", inventory, "--limit", "sandbox-b0",
                           "-k", "serving_gate or kv_capacity"], capture_output=True, text=True, timeout=READY_S + 600)
     assert bad.returncode == 1 and "2 failed" in bad.stdout, bad.stdout[-3000:]
     assert "concurrency: vllm:num_requests_running peaked at 2, want 3: not all scheduled together" in bad.stdout
@@ -167,15 +154,11 @@ def test_a_flag_the_images_vllm_refuses_fails_the_host_and_keeps_the_service(san
     node = "sandbox-b0"
     unit = on_node(node, "cat /etc/containers/systemd/inference.container").stdout
     before = (main_pid(node), container_id(node))
-    os.symlink(os.path.abspath("inventories/group_data"), tmp_path / "group_data")
-    with open(INVENTORY) as f:
-        text = f.read()
     for bad, message in ((["--max-num-seqs", "two"], "argument --max-num-seqs: invalid int value: 'two'"),
                          (["--no-such-flag"], "unrecognized arguments: --no-such-flag")):
         # B's flags only (deployment A's image_env launch takes none): an inventory whose B nodes add one
-        inventory = tmp_path / "sandbox.py"  # same file-name group: the sandbox stand-ins apply
-        inventory.write_text(text.replace("vllm_args=_CPU_VLLM_ARGS,", f"vllm_args=_CPU_VLLM_ARGS + {bad!r},"))
-        proc = pyinfra(str(inventory), "deploys/all.py", "--limit", node, check=False)
+        inventory = inventory_copy(tmp_path, ("vllm_args=_CPU_VLLM_ARGS,", f"vllm_args=_CPU_VLLM_ARGS + {bad!r},"))
+        proc = pyinfra(inventory, "deploys/all.py", "--limit", node, check=False)
         assert proc.returncode == 1
         assert message in proc.stderr, proc.stderr[-3000:]
         assert "refused the new command line; the unit was not changed" in proc.stderr
