@@ -2,9 +2,11 @@
 
 Importing any of them reads each fact once per run while it cannot have changed (deploys/fact_cache.py):
 pyinfra 3 would read it again when the operation executes; and each operation call finds its place in the
-deploy code without reading source files (deploys/op_overhead.py)."""
+deploy code without reading source files (deploys/op_overhead.py); and the SSH connection to each node
+sends each message at once, not after the node's delayed ACK (deploys/ssh_nodelay.py)."""
 
-from deploys import fact_cache, op_overhead
+from deploys import fact_cache, op_overhead, ssh_nodelay
 
 fact_cache.install()
 op_overhead.install()
+ssh_nodelay.install()

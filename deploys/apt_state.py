@@ -23,11 +23,14 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Date
 
+from deploys.fact_cache import FactRead, expect
 from deploys.ops import atomic_put
 from facts.dpkg import DpkgAudit
+from facts.host import ManagedFiles
 
 LOCK_DROPIN = "/etc/apt/apt.conf.d/50inference-nodes-lock-timeout"
 UPDATE_STAMP = "/var/lib/apt/periodic/update-success-stamp"  # where pyinfra's apt.update keeps cache_time
@@ -52,6 +55,10 @@ while :; do
   [ -n "$said" ] || { echo "inference-nodes: waiting up to ${t}s for the apt/dpkg lock: $held" >&2; said=1; }
   sleep 2
 done"""
+
+
+# what apt_lists_updated and pyinfra's apt.packages read
+APT_READS: list[FactRead] = [(File, {"path": UPDATE_STAMP}), (Date, {}), (DebPackages, {})]
 
 
 def lock_timeout() -> int:
@@ -121,6 +128,7 @@ def dpkg_repaired():
 @deploy("Package manager")
 def package_manager_ready():
     """First changes of a run: the lock wait for every later apt command, then a consistent dpkg."""
+    expect([(ManagedFiles, {"paths": (LOCK_DROPIN,)}), (DpkgAudit, {})])
     atomic_put(name="Wait for a held dpkg lock instead of failing (apt.conf.d)", src=StringIO(render_lock_dropin(lock_timeout())),
                dest=LOCK_DROPIN, user="root", group="root", mode="0644", create_remote_dir=False)
     dpkg_repaired(name="Finish an interrupted dpkg run (dpkg --configure -a)")

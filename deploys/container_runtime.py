@@ -15,9 +15,11 @@ from packaging.version import Version
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, systemd
 
-from deploys.apt_state import apt_lists_updated, lock_waiting
+from deploys.apt_state import APT_READS, apt_lists_updated, lock_waiting
+from deploys.fact_cache import expect, service_reads
 from deploys.inventory import node_config
 from deploys.ops import (
     apt_held,
@@ -25,12 +27,15 @@ from deploys.ops import (
     fail_host,
     flat_repo_source,
     follow_up_done,
+    follow_up_reads,
     follow_up_stamp,
     keyring_verified,
     secret_file,
 )
 from deploys.schema import ContainerRuntimeKeys, NodeConfig
+from facts.apt import AptHolds, KeyringFingerprints
 from facts.containers import CdiSpec, PodmanImageDigest, PodmanVersion
+from facts.host import ManagedFiles
 from facts.nvidia import NvidiaKernelModule
 
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}  # node_arch -> Debian's name
@@ -187,6 +192,12 @@ def _check_digest_after_pull(state, host, ref: str, digest: str):
 def container_runtime():
     cfg: NodeConfig = node_config()
     batch = (TOOLKIT_SOURCE, REFRESH_ENV, REGISTRIES_FILE)  # read in one round trip
+    expect([*APT_READS, (PodmanVersion, {}), (KeyringFingerprints, {"path": TOOLKIT_KEYRING}), (ManagedFiles, {"paths": batch}),
+            *follow_up_reads(LISTS_STAMP, REFRESH_STAMP), (AptHolds, {}), (File, {"path": STALE_SPEC}),
+            *service_reads("nvidia-cdi-refresh.path"), *service_reads("nvidia-cdi-refresh.service"),
+            (CdiSpec, {"path": cfg.cdi_spec_path}), (NvidiaKernelModule, {"root": cfg.nvidia_module_root}),
+            (ManagedFiles, {"paths": (AUTH_FILE,)}), (File, {"path": AUTH_FILE}),
+            (PodmanImageDigest, {"ref": cfg.image_ref})])
     # catatonit: the init a unit with RunInit=true (deployment A) needs; a Recommends that minimal installs skip
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
     apt.packages(name="Install Podman from the distribution", packages=["podman", "catatonit"])

@@ -11,13 +11,15 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+from pyinfra.facts.files import Directory
 from pyinfra.operations import files
 
+from deploys.fact_cache import expect
 from deploys.inventory import node_config
 from deploys.ops import atomic_put, fail_host, host_failed
 from deploys.schema import NodeConfig
 from deploys.unit_text import env_file_line
-from facts.host import MountSizeBytes, SystemdDefaultLimits
+from facts.host import ManagedFiles, MountSizeBytes, SystemdDefaultLimits
 
 
 LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
@@ -118,6 +120,9 @@ def systemd_defaults_applied():
 def host_tuning():
     cfg = node_config()
     batch = (LIMITS_FILE, SYSTEMD_DEFAULTS_FILE, cfg.fabric_env_file)  # read in one round trip
+    expect([(MountSizeBytes, {"path": "/dev/shm"}), (ManagedFiles, {"paths": batch}),
+            (SystemdDefaultLimits, {"names": tuple(systemd_default_limits(cfg))}),
+            (Directory, {"path": posixpath.dirname(cfg.fabric_env_file)})])
     host_shm_large_enough(name="Check /dev/shm holds the KV offload")
     atomic_put(
         batch=batch,

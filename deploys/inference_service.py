@@ -20,17 +20,20 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
-from pyinfra.facts.files import Sha256File
+from pyinfra.facts.files import Directory, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files
 
 from deploys.host_tuning import render_fabric_env
+from deploys.fact_cache import expect
 from deploys.inventory import node_cluster, node_config
 from deploys.model_snapshot import GATE, STAMP
-from deploys.ops import atomic_put, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_stamp
+from deploys.ops import (atomic_put, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
+                         follow_up_stamp)
 from deploys.unit_text import command_line, environment_line
 from deploys.schema import NodeConfig, cluster_head, cluster_of
 from facts.containers import ServiceStartedFrom
+from facts.host import ManagedFiles
 from files import helper_path
 
 UNIT_DIR = "/etc/containers/systemd"
@@ -310,6 +313,11 @@ def inference_service():
     unit_text = render_container(cfg, head, nodes, cluster.members)
     unit_path = f"{UNIT_DIR}/{cfg.container_name}.container"
     batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, unit_path)  # read in one round trip
+    service = f"{cfg.container_name}.service"
+    started = started_from_path(cfg)
+    expect([(ManagedFiles, {"paths": batch}), *[(Directory, {"path": p}) for p in (cfg.jit_cache_dir, cfg.container_tmp_dir) if p],
+            (Sha256File, {"path": unit_path}), *follow_up_reads(QUADLET_STAMP), (SystemdStatus, {"services": [service]}),
+            (ServiceStartedFrom, {"record": started, "stamp": STAMP})])
     atomic_put(batch=batch, name="Install the RoCE GID lookup", src=helper_path("inference_service/roce_gid.py"),
               dest=ROCE_HELPER, user="root", group="root", mode="0755", create_remote_dir=True)
     atomic_put(batch=batch, name="Install its start-time wrapper",
@@ -330,9 +338,7 @@ def inference_service():
                user="root", group="root", mode="0644", create_remote_dir=True, resets=follow_up_stamp(QUADLET_STAMP))
     follow_up_done(name="Run the Quadlet generator (daemon-reload)", stamp=QUADLET_STAMP,
                    command="systemctl daemon-reload", paths=(unit_path,), contents=(unit_text,))
-    service = f"{cfg.container_name}.service"
     fp = fingerprint(unit_text, cfg)
-    started = started_from_path(cfg)
     service_current(name="Start or update workers (rank > 0) before heads", service=service, started_from=started,
                     fingerprint=fp, act=not cfg.is_head)
     service_current(name="Start or update heads and single nodes", service=service, started_from=started,

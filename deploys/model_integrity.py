@@ -16,12 +16,13 @@ from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.operations import systemd
 
+from deploys.fact_cache import expect, service_reads
 from deploys.inventory import node_config
 from deploys.model_snapshot import MANIFEST, RECORD, STAMP, VERIFIER
 from deploys.ops import atomic_put
 from deploys.schema import NodeConfig
 from deploys.unit_text import command_line
-from facts.host import SystemdNeedsReload
+from facts.host import ManagedFiles, SystemdNeedsReload
 
 UNIT = "inference-nodes-model-verify"
 UNIT_DIR = "/etc/systemd/system"
@@ -93,6 +94,8 @@ def model_integrity():
     if cfg.model_manifest is None:
         return  # the model deploy refuses the host already
     batch = (f"{UNIT_DIR}/{UNIT}.service", f"{UNIT_DIR}/{UNIT}.timer")  # read in one round trip
+    expect([(ManagedFiles, {"paths": batch}), (SystemdNeedsReload, {"units": (f"{UNIT}.service", f"{UNIT}.timer")}),
+            *service_reads(f"{UNIT}.timer")])
     atomic_put(batch=batch, name="Install the deep verify service", src=StringIO(render_service(cfg)),
                dest=f"{UNIT_DIR}/{UNIT}.service", user="root", group="root", mode="0644")
     atomic_put(batch=batch, name="Install its timer", src=StringIO(render_timer(cfg)), dest=f"{UNIT_DIR}/{UNIT}.timer",

@@ -16,15 +16,17 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.facts.files import Directory, File
 from pyinfra.operations import apt, files
 
 from deploys import model_fanout, model_hub, model_push
-from deploys.apt_state import apt_lists_updated
+from deploys.apt_state import APT_READS, apt_lists_updated
+from deploys.fact_cache import expect
 from deploys.inventory import node_config
 from deploys.ops import atomic_put, fail_host, refuse, secret_file
 from deploys.schema import NodeConfig
-from facts.host import FreeBytes
-from facts.model import ModelVerification
+from facts.host import FreeBytes, ManagedFiles
+from facts.model import ModelVerification, SeedDaemon
 from files import helper_path
 from files.model_snapshot.snapshot_manifest import read_manifest
 
@@ -131,6 +133,9 @@ def model_snapshot():
     apt.packages(name="Install what the verifier and rsync need", packages=["python3", "rsync"])
     verifier = [f"{NODE_LIB}/{name}" for name in VERIFIER_FILES]
     batch = (*verifier, MANIFEST, GATE, HUB_DOWNLOAD, f"{cfg.model_dir}/refs/main", model_fanout.PEER_PULL)
+    # not the verification itself: it may re-hash every file, and would run twice if a command ran in between
+    expect([*APT_READS, (ManagedFiles, {"paths": batch}), (Directory, {"path": posixpath.dirname(STAMP)}),
+            (File, {"path": HUB_TOKEN}), (SeedDaemon, {"unit": model_fanout.SEED_UNIT, "secret_dir": model_fanout.SEED_DIR})])
     for name, dest in zip(VERIFIER_FILES, verifier):
         atomic_put(batch=batch, name=f"Install the snapshot verifier ({name})",
                   src=helper_path(f"model_snapshot/{name}"), dest=dest, user="root", group="root",

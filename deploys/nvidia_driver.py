@@ -13,10 +13,12 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+from pyinfra.facts.files import File
 from pyinfra.facts.server import OsRelease
 from pyinfra.operations import apt, files, server
 
-from deploys.apt_state import apt_lists_updated, lock_waiting
+from deploys.apt_state import APT_READS, apt_lists_updated, lock_waiting
+from deploys.fact_cache import expect
 from deploys.inventory import node_config
 from deploys.ops import (
     apt_held,
@@ -24,10 +26,13 @@ from deploys.ops import (
     fail_host,
     flat_repo_source,
     follow_up_done,
+    follow_up_reads,
     follow_up_stamp,
     keyring_verified,
 )
 from deploys.schema import NodeConfig, NvidiaDriverKeys
+from facts.apt import AptHolds, KeyringFingerprints
+from facts.host import ManagedFiles
 from facts.nvidia import (
     DRIVER_VERSION,
     DriverStateDict,
@@ -237,6 +242,10 @@ def nvidia_driver():
     cfg: NodeConfig = node_config()
     batch = (PIN_FILE, UNATTENDED_FILE, SOURCE_FILE, NOUVEAU_FILE)  # read in one round trip
     branch = cfg.nvidia_driver_branch
+    module = {"root": cfg.nvidia_module_root}
+    expect([(ManagedFiles, {"paths": batch}), *APT_READS, (KeyringFingerprints, {"path": KEYRING}), (OsRelease, {}),
+            (File, {"path": SOURCE_FILE}), (File, {"path": KEYRING}), *follow_up_reads(INITRAMFS_STAMP, LISTS_STAMP),
+            (NvidiaDriverPackages, {}), (NvidiaKernelModule, module), (KernelPackages, {}), (AptHolds, {})])
     branch_allowed(
         name=f"Refuse a host on another driver branch than {branch}",
         branch=branch,

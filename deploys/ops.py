@@ -63,6 +63,11 @@ def follow_up_stamp(name: str) -> str:
     return f"{FOLLOW_UP_DIR}/{name}"
 
 
+def follow_up_reads(*names: str) -> list[tuple]:
+    """What follow_up_done reads for each stamp (deploys/fact_cache.py expect)."""
+    return [(FileContents, {"path": follow_up_stamp(name)}) for name in names]
+
+
 @operation()
 def follow_up_done(stamp: str, command, paths: tuple[str, ...], contents: tuple[str, ...]):
     """Run ``command`` (the step that applies ``paths``: a rebuild, a re-exec, a restart) unless it already

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.server import OsRelease
 
+from deploys.fact_cache import expect
 from deploys.host_tuning import host_shm_problem
 from deploys.inventory import node_config
 from deploys.nvidia_driver import packages_differ_message
@@ -145,6 +147,12 @@ def format_table(rows: list[list[str]]) -> str:
 def preflight():
     """Facts only. The last host to report prints the table and raises if any host cannot run."""
     cfg = node_config()
+    module = {"root": cfg.nvidia_module_root}
+    expect([(NodeResources, {"model_root": cfg.model_root, "snapshot_dir": cfg.snapshot_dir}),
+            (MountSizeBytes, {"path": "/dev/shm"}), (NvidiaSmiGpus, {}), (NvidiaDriverPackages, {}),
+            (NvidiaKernelModule, module), (KernelPackages, {}), (InterfaceAddresses, {}),
+            (ExistingPaths, {"paths": tuple(cfg.container_devices)}),
+            (OsRelease, {})])  # the driver deploy reads it while preparing (its repo path): no round trip of its own
     res = host.get_fact(NodeResources, model_root=cfg.model_root, snapshot_dir=cfg.snapshot_dir)
     shm_bytes = host.get_fact(MountSizeBytes, path="/dev/shm")
     smi = host.get_fact(NvidiaSmiGpus)

@@ -5,6 +5,7 @@ The tests in this module run in order and share the session's nodes.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import sys
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra, wait_serving
 
 LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
+# a no-op converge: preflight's facts, every other component's expected facts, the snapshot verifier's verdict
+NOOP_COMMANDS_PER_NODE = 3
 
 
 def _untouched(nodes):
@@ -43,9 +46,46 @@ def test_converge(sandbox):
     assert sorted(changed["Host tuning | Set memlock/nofile/stack limits for logins (limits.d)"]) == sorted(sandbox)
 
 
-def test_second_converge_reports_zero_changes(sandbox):
-    proc = pyinfra("--json", INVENTORY, "deploys/all.py")
+def test_ssh_to_every_node_sends_each_message_at_once(sandbox):
+    """deploys/ssh_nodelay.py on the real connections a run makes: without TCP_NODELAY every command waits
+    for the node's delayed ACK (48 ms against 4.8 ms a command on loopback)."""
+    import runpy
+    import socket
+
+    import deploys  # noqa: F401  (what deploys/all.py imports)
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all
+
+    groups = {k: v for k, v in runpy.run_path(INVENTORY).items() if not k.startswith("_") and isinstance(v, list)}
+    state = State(Inventory(([h for hosts in groups.values() for h in hosts], {})), Config())
+    connect_all(state)
+    try:
+        hosts = list(state.inventory)
+        assert sorted(h.name for h in hosts) == sorted(sandbox)
+        for h in hosts:
+            sock = h.connector.client.get_transport().sock
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY), f"{h.name}: Nagle still on"
+            assert h.run_shell_command("true")[0], h.name
+    finally:
+        for h in state.inventory:
+            h.disconnect()
+
+
+def test_second_converge_reports_zero_changes_in_a_few_commands_per_node(sandbox, tmp_path):
+    """Zero changes; and each node's facts came in a few commands (the ones each component expects, read
+    together: deploys/fact_cache.py), not one round trip per fact (51 before). Counted by the bench's
+    wrapper of the same CLI (bench/pyinfra_counted.py)."""
+    counts = tmp_path / "counts.json"
+    proc = subprocess.run([sys.executable, "bench/pyinfra_counted.py", str(counts), "-y", "--json", INVENTORY,
+                           "deploys/all.py"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
     assert changed_operations(proc) == []
+    per_host = json.loads(counts.read_text())
+    commands = json.loads((tmp_path / "counts.json.commands").read_text())
+    assert sorted(per_host) == sorted(sandbox)
+    for name, count in per_host.items():
+        ran = "\n".join(f"  {c[:160]}" for _, c in commands[name])
+        assert count["commands"] <= NOOP_COMMANDS_PER_NODE, f"{name} ran {count['commands']} commands:\n{ran}"
 
 
 def test_audit_after_reboot(sandbox):

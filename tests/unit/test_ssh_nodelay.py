@@ -1,0 +1,41 @@
+"""deploys/ssh_nodelay.py on real sockets: a TCP socket gets TCP_NODELAY, anything else is left alone."""
+
+import socket
+
+import pytest
+from pyinfra.connectors.ssh import SSHConnector
+
+import deploys  # noqa: F401  (installs the wrapper)
+from deploys.ssh_nodelay import no_delay
+
+
+@pytest.fixture
+def tcp_pair():
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    yield client
+    for s in (client, peer, server):
+        s.close()
+
+
+def test_a_tcp_socket_sends_without_delay(tcp_pair):
+    assert tcp_pair.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0, "a new socket has Nagle on"
+    assert no_delay(tcp_pair) is True
+    assert tcp_pair.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_a_socket_that_is_not_tcp_is_left_alone():
+    a, b = socket.socketpair()
+    with a, b:
+        assert no_delay(a) is False
+    assert no_delay(object()) is False  # a ProxyCommand or jump-host channel
+
+
+def test_the_ssh_connector_is_wrapped_once():
+    assert getattr(SSHConnector._connect, "_no_delay", False)
+    from deploys import ssh_nodelay
+
+    wrapped = SSHConnector._connect
+    ssh_nodelay.install()
+    assert SSHConnector._connect is wrapped
