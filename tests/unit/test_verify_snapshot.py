@@ -9,6 +9,7 @@ relative links into ../../../blobs/ pass, and a file the manifest does not list 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import subprocess
@@ -214,12 +215,16 @@ def test_check_only_writes_and_deletes_nothing(snap, tmp_path):
     assert not result["ok"] and open(snap["stamp"], "rb").read() == stamp
 
 
-@pytest.mark.parametrize("cached", [True, False], ids=["in-place-mmap", "streamed-read"])
-def test_both_hashing_paths_give_the_file_digest(tmp_path, monkeypatch, cached):
+@pytest.mark.parametrize("cached, populate", [(True, True), (False, True), (False, False)],
+                         ids=["in-place-mmap", "populated-mmap", "streamed-read"])
+def test_every_hashing_path_gives_the_file_digest(tmp_path, monkeypatch, cached, populate):
+    if populate and not cached and not snapshot_hashing.POPULATE:
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14): cold files are streamed")
     data = os.urandom(3 * snapshot_hashing.MAP_WINDOW + 12345)
     path = tmp_path / "shard"
     path.write_bytes(data)
     monkeypatch.setattr(snapshot_hashing, "is_cached", lambda fd, size: cached)
+    monkeypatch.setattr(snapshot_hashing, "POPULATE", populate)
     assert hash_file(str(path), "sha256", len(data)) == hashlib.sha256(data).hexdigest()
     assert hash_file(str(path), "git_sha1", len(data)) == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
     empty = tmp_path / "empty"
@@ -232,6 +237,7 @@ def test_streamed_read_hashes_every_tail_and_reuses_its_buffers(tmp_path, monkey
     """A cold file goes through the reader thread's ring of buffers: more chunks than buffers, and a last chunk
     that is short, full or a single byte, all give the file's digest."""
     monkeypatch.setattr(snapshot_hashing, "is_cached", lambda fd, size: False)
+    monkeypatch.setattr(snapshot_hashing, "POPULATE", False)  # the streamed path (kernels before 5.14)
     monkeypatch.setattr(snapshot_hashing, "READ_CHUNK", 4096)
     monkeypatch.setattr(snapshot_hashing, "READ_BUFFERS", 2)
     data = os.urandom(size)
@@ -243,6 +249,7 @@ def test_streamed_read_hashes_every_tail_and_reuses_its_buffers(tmp_path, monkey
 
 def test_a_read_error_in_the_reader_thread_fails_the_file_and_stops_the_thread(tmp_path, monkeypatch):
     monkeypatch.setattr(snapshot_hashing, "is_cached", lambda fd, size: False)
+    monkeypatch.setattr(snapshot_hashing, "POPULATE", False)  # the streamed path (kernels before 5.14)
     monkeypatch.setattr(snapshot_hashing, "READ_CHUNK", 4096)
     (tmp_path / "snap").mkdir()
     path = tmp_path / "snap" / "shard"
@@ -273,6 +280,7 @@ def test_a_read_error_in_the_reader_thread_fails_the_file_and_stops_the_thread(t
 def test_a_failing_hash_step_stops_the_reader_thread(tmp_path, monkeypatch):
     """The rate cap (or anything in the hashing thread) raising ends the read too: no thread is left reading."""
     monkeypatch.setattr(snapshot_hashing, "is_cached", lambda fd, size: False)
+    monkeypatch.setattr(snapshot_hashing, "POPULATE", False)  # the streamed path (kernels before 5.14)
     monkeypatch.setattr(snapshot_hashing, "READ_CHUNK", 4096)
     path = tmp_path / "shard"
     path.write_bytes(os.urandom(50 * 4096))
@@ -284,6 +292,69 @@ def test_a_failing_hash_step_stops_the_reader_thread(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         hash_file(str(path), "sha256", 50 * 4096, Boom(1))
     assert not [t for t in threading.enumerate() if t.name == "verify-read"]
+
+
+@pytest.fixture
+def populated(monkeypatch):
+    """Cold files through MADV_POPULATE_READ, in small windows."""
+    if not snapshot_hashing.POPULATE:
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
+    monkeypatch.setattr(snapshot_hashing, "is_cached", lambda fd, size: False)
+    monkeypatch.setattr(snapshot_hashing, "MAP_WINDOW", 4 * mmap.PAGESIZE)
+
+
+@pytest.mark.parametrize("size", [1, 4095, 4096, 4097, 4 * 4096, 4 * 4096 + 1, 41 * 4096 + 7])
+def test_populated_mmap_hashes_every_tail(tmp_path, populated, size):
+    """More windows than are read ahead, and a last window that is short, full or a single byte."""
+    data = os.urandom(size)
+    path = tmp_path / "shard"
+    path.write_bytes(data)
+    assert hash_file(str(path), "sha256", size) == hashlib.sha256(data).hexdigest()
+    assert hash_file(str(path), "git_sha1", size) == hashlib.sha1(b"blob %d\0" % size + data).hexdigest()
+
+
+class _FailingThirdPopulate(mmap.mmap):
+    """A mapping whose third MADV_POPULATE_READ fails as the kernel does when it cannot read the pages."""
+
+    calls = 0
+
+    def madvise(self, option, *args):
+        if option == snapshot_hashing.MADV_POPULATE_READ:
+            type(self).calls += 1
+            if type(self).calls == 3:
+                raise OSError(14, "Bad address")
+        return super().madvise(option, *args)
+
+
+def test_a_window_the_kernel_cannot_read_fails_the_file_without_touching_it(tmp_path, monkeypatch, populated):
+    (tmp_path / "snap").mkdir()
+    path = tmp_path / "snap" / "shard"
+    path.write_bytes(os.urandom(20 * 4 * 4096))
+    monkeypatch.setattr(snapshot_hashing.mmap, "mmap", _FailingThirdPopulate)
+    with pytest.raises(OSError, match="Input/output error"):
+        hash_file(str(path), "sha256", 20 * 4 * 4096)
+    assert _FailingThirdPopulate.calls == 3  # nothing read after the error
+    assert not [t for t in threading.enumerate() if t.name == "verify-populate"]
+    manifest = {"repo": "o/m", "commit": "0" * 40,
+                "files": [{"path": "shard", "size": 20 * 4 * 4096, "sha256": "0" * 64}]}
+    (tmp_path / "m.json").write_text(json.dumps(manifest))
+    _FailingThirdPopulate.calls = 0
+    result = verify(str(tmp_path / "m.json"), str(tmp_path / "snap"), str(tmp_path / "stamp"), full=True)
+    assert not result["ok"] and result["problems"] == [
+        "HASH shard: unreadable (Input/output error), manifest says " + "0" * 64]
+
+
+def test_a_failing_hash_step_stops_the_populate_thread(tmp_path, populated):
+    path = tmp_path / "shard"
+    path.write_bytes(os.urandom(50 * 4096))
+
+    class Boom(RateLimit):
+        def take(self, n):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        hash_file(str(path), "sha256", 50 * 4096, Boom(1))
+    assert not [t for t in threading.enumerate() if t.name == "verify-populate"]
 
 
 def test_rate_cap_spreads_the_reads(tmp_path):
