@@ -4,7 +4,7 @@ Every file is hashed in place through mmap (no copy out of the page cache, which
 SHA-NI speed). A cold one is read into the cache by a second thread a few windows ahead of the hashing, with
 MADV_POPULATE_READ (Linux 5.14+): the kernel reads each window with its readahead and maps it, with no copy
 and no page fault per page, so on a machine with few cores the hashing keeps nearly all of the CPU (two
-cores: 0.05 s of kernel time per GB against 0.3-0.6 for reads into a buffer). On an older kernel a cold
+cores: 0.01-0.04 s of kernel time per GB against 0.15-0.9 for reads into a buffer). On an older kernel a cold
 file is streamed with read() in 1 MiB chunks by a reader thread instead (O_DIRECT was slower on virtio
 disks). One thread per core (default_jobs); hashlib releases the GIL. bench/verify.py measures it.
 """
