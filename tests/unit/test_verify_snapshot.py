@@ -277,11 +277,16 @@ def test_a_read_error_in_the_reader_thread_fails_the_file_and_stops_the_thread(t
         "HASH shard: unreadable (Input/output error), manifest says " + "0" * 64]
 
 
-def test_a_failing_hash_step_stops_the_reader_thread(tmp_path, monkeypatch):
-    """The rate cap (or anything in the hashing thread) raising ends the read too: no thread is left reading."""
+@pytest.mark.parametrize("populate, thread", [(False, "verify-read"), (True, "verify-populate")],
+                         ids=["streamed-read", "populated-mmap"])
+def test_a_failing_hash_step_stops_the_read_ahead_thread(tmp_path, monkeypatch, populate, thread):
+    """The rate cap (or anything in the hashing thread) raising ends the read-ahead too: no thread is left reading."""
+    if populate and not snapshot_hashing.POPULATE:
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
     monkeypatch.setattr(snapshot_hashing, "is_cached", lambda fd, size: False)
-    monkeypatch.setattr(snapshot_hashing, "POPULATE", False)  # the streamed path (kernels before 5.14)
+    monkeypatch.setattr(snapshot_hashing, "POPULATE", populate)
     monkeypatch.setattr(snapshot_hashing, "READ_CHUNK", 4096)
+    monkeypatch.setattr(snapshot_hashing, "MAP_WINDOW", 4 * mmap.PAGESIZE)
     path = tmp_path / "shard"
     path.write_bytes(os.urandom(50 * 4096))
 
@@ -291,7 +296,7 @@ def test_a_failing_hash_step_stops_the_reader_thread(tmp_path, monkeypatch):
 
     with pytest.raises(KeyboardInterrupt):
         hash_file(str(path), "sha256", 50 * 4096, Boom(1))
-    assert not [t for t in threading.enumerate() if t.name == "verify-read"]
+    assert not [t for t in threading.enumerate() if t.name == thread]
 
 
 @pytest.fixture
@@ -342,19 +347,6 @@ def test_a_window_the_kernel_cannot_read_fails_the_file_without_touching_it(tmp_
     result = verify(str(tmp_path / "m.json"), str(tmp_path / "snap"), str(tmp_path / "stamp"), full=True)
     assert not result["ok"] and result["problems"] == [
         "HASH shard: unreadable (Input/output error), manifest says " + "0" * 64]
-
-
-def test_a_failing_hash_step_stops_the_populate_thread(tmp_path, populated):
-    path = tmp_path / "shard"
-    path.write_bytes(os.urandom(50 * 4096))
-
-    class Boom(RateLimit):
-        def take(self, n):
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        hash_file(str(path), "sha256", 50 * 4096, Boom(1))
-    assert not [t for t in threading.enumerate() if t.name == "verify-populate"]
 
 
 def test_rate_cap_spreads_the_reads(tmp_path):
