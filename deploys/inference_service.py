@@ -315,7 +315,8 @@ def inference_service():
     batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, unit_path)  # read in one round trip
     service = f"{cfg.container_name}.service"
     started = started_from_path(cfg)
-    expect([(ManagedFiles, {"paths": batch}), *[(Directory, {"path": p}) for p in (cfg.jit_cache_dir, cfg.container_tmp_dir) if p],
+    volume_dirs = [p for p in (cfg.jit_cache_dir, cfg.container_tmp_dir) if p]
+    expect([(ManagedFiles, {"paths": batch}), *[(Directory, {"path": p}) for p in volume_dirs],
             (Sha256File, {"path": unit_path}), *follow_up_reads(QUADLET_STAMP), (SystemdStatus, {"services": [service]}),
             (ServiceStartedFrom, {"record": started, "stamp": STAMP})])
     atomic_put(batch=batch, name="Install the RoCE GID lookup", src=helper_path("inference_service/roce_gid.py"),
@@ -327,10 +328,9 @@ def inference_service():
               dest=ARGS_CHECK, user="root", group="root", mode="0644", create_remote_dir=True)
     atomic_put(batch=batch, name="Install the multi-node job probe", src=helper_path("inference_service/job_probe.py"),
               dest=JOB_PROBE, user="root", group="root", mode="0644", create_remote_dir=True)
-    for path in (cfg.jit_cache_dir, cfg.container_tmp_dir):
-        if path:
-            files.directory(name="Create the persistent JIT cache and tmp directories", path=path,
-                            user="root", group="root", mode="0755")
+    for path in volume_dirs:
+        files.directory(name="Create the persistent JIT cache and tmp directories", path=path,
+                        user="root", group="root", mode="0755")
     check = args_check_command(cfg, vllm_argv(cfg, head, nodes)) if cfg.vllm_launch == "cli" else None
     vllm_accepts(name="Check the new command line with the image's own vLLM", unit_path=unit_path,
                  unit_text=unit_text, check=check)

@@ -93,13 +93,13 @@ def model_integrity():
     cfg: NodeConfig = node_config()
     if cfg.model_manifest is None:
         return  # the model deploy refuses the host already
-    batch = (f"{UNIT_DIR}/{UNIT}.service", f"{UNIT_DIR}/{UNIT}.timer")  # read in one round trip
-    expect([(ManagedFiles, {"paths": batch}), (SystemdNeedsReload, {"units": (f"{UNIT}.service", f"{UNIT}.timer")}),
-            *service_reads(f"{UNIT}.timer")])
+    units = (f"{UNIT}.service", f"{UNIT}.timer")
+    batch = tuple(f"{UNIT_DIR}/{u}" for u in units)  # read in one round trip
+    expect([(ManagedFiles, {"paths": batch}), (SystemdNeedsReload, {"units": units}), *service_reads(f"{UNIT}.timer")])
     atomic_put(batch=batch, name="Install the deep verify service", src=StringIO(render_service(cfg)),
                dest=f"{UNIT_DIR}/{UNIT}.service", user="root", group="root", mode="0644")
     atomic_put(batch=batch, name="Install its timer", src=StringIO(render_timer(cfg)), dest=f"{UNIT_DIR}/{UNIT}.timer",
                user="root", group="root", mode="0644")
-    units_loaded(name="Load the deep verify units", units=[f"{UNIT}.service", f"{UNIT}.timer"])
+    units_loaded(name="Load the deep verify units", units=list(units))
     systemd.service(name="Enable and start the deep verify timer", service=f"{UNIT}.timer", running=True,
                     enabled=True)

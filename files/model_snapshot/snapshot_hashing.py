@@ -105,10 +105,11 @@ def _hash_stream(fd: int, h, limit: RateLimit | None) -> None:
         thread.join()
 
 
-def _hash_populated(mapped: mmap.mmap, view: memoryview, size: int, h, limit: RateLimit | None) -> None:
-    """Hash a cold mapped file window by window while a second thread reads up to POPULATE_AHEAD windows
-    ahead (MADV_POPULATE_READ). A window the kernel could not read (an I/O error, a file truncated
-    meanwhile) is never touched, which would end the process with SIGBUS: it fails the file as unreadable."""
+def _hash_mapped(mapped: mmap.mmap, size: int, h, limit: RateLimit | None, read_ahead: bool) -> None:
+    """Hash a mapped file in place, window by window. With ``read_ahead`` (a cold file) a second thread reads
+    up to POPULATE_AHEAD windows ahead into the page cache (MADV_POPULATE_READ). A window the kernel could not
+    read (an I/O error, a file truncated meanwhile) is never touched, which would end the process with SIGBUS:
+    it fails the file as unreadable."""
     ready: queue.SimpleQueue = queue.SimpleQueue()  # per window, in order: None (read) or the error
     room = threading.Semaphore(POPULATE_AHEAD)
     stop = threading.Event()
@@ -125,22 +126,25 @@ def _hash_populated(mapped: mmap.mmap, view: memoryview, size: int, h, limit: Ra
                 return
             ready.put(None)
 
-    thread = threading.Thread(target=populate, name="verify-populate", daemon=True)
-    thread.start()
+    thread = threading.Thread(target=populate, name="verify-populate", daemon=True) if read_ahead else None
+    if thread:
+        thread.start()
     try:
-        for off in range(0, size, MAP_WINDOW):
-            error = ready.get()
-            if error is not None:
-                raise OSError(errno.EIO, os.strerror(errno.EIO)) from error
-            with view[off:off + MAP_WINDOW] as window:
-                h.update(window)
-                if limit:
-                    limit.take(len(window))
-            room.release()
+        with memoryview(mapped) as view:
+            for off in range(0, size, MAP_WINDOW):
+                if thread and (error := ready.get()) is not None:
+                    raise OSError(errno.EIO, os.strerror(errno.EIO)) from error
+                with view[off:off + MAP_WINDOW] as window:
+                    h.update(window)
+                    if limit:
+                        limit.take(len(window))
+                if thread:
+                    room.release()
     finally:
-        stop.set()
-        room.release()  # wakes a populate thread waiting for room
-        thread.join()
+        if thread:
+            stop.set()
+            room.release()  # wakes a populate thread waiting for room
+            thread.join()
 
 
 def hash_file(path: str, kind: str, size: int, limit: RateLimit | None = None, drop_cold: bool = False) -> str:
@@ -155,15 +159,7 @@ def hash_file(path: str, kind: str, size: int, limit: RateLimit | None = None, d
             # in place: no copy (a cached file truncated meanwhile ends the process with SIGBUS: fails closed)
             with mmap.mmap(fd, actual, prot=mmap.PROT_READ) as mapped:
                 mapped.madvise(mmap.MADV_SEQUENTIAL)
-                with memoryview(mapped) as view:
-                    if cached:
-                        for off in range(0, actual, MAP_WINDOW):
-                            with view[off:off + MAP_WINDOW] as window:
-                                h.update(window)
-                                if limit:
-                                    limit.take(len(window))
-                    else:
-                        _hash_populated(mapped, view, actual, h, limit)
+                _hash_mapped(mapped, actual, h, limit, read_ahead=not cached)
         elif actual > 0:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             _hash_stream(fd, h, limit)
