@@ -3,6 +3,7 @@ half-written managed file in place; an unreachable node fails alone, named, whil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -12,14 +13,15 @@ import subprocess
 import sys
 import time
 
-from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, on_node, pyinfra, wait_serving
+from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, inventory_copy, on_node, pyinfra, wait_serving
 
+# in the order a converge writes them (driver, container runtime, host tuning, model snapshot)
 MANAGED = [
+    "/etc/apt/preferences.d/90-inference-nodes-nvidia-driver",
+    "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env",
     "/etc/security/limits.d/90-inference-nodes.conf",
     "/etc/systemd/system.conf.d/90-inference-nodes.conf",
     "/etc/inference-nodes/fabric.env",
-    "/etc/apt/preferences.d/90-inference-nodes-nvidia-driver",
-    "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env",
     "/etc/inference-nodes/model-manifest.json",
 ]
 
@@ -35,11 +37,18 @@ def _contents(node: str) -> dict[str, str | None]:
 def test_killed_deploy_then_rerun_leaves_no_half_written_file(sandbox):
     for node in sandbox:
         assert on_node(node, "rm -f " + " ".join(MANAGED)).returncode == 0
+    # killed somewhere among the file writes: as soon as a randomly chosen one (not the last) shows up on a
+    # node, decided from the nodes' state rather than a delay (a converge's length changes with the code)
+    mark = random.choice(MANAGED[:-1])
     proc = subprocess.Popen([PYINFRA, "-y", INVENTORY, "deploys/all.py"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    time.sleep(random.uniform(1.5, 6.0))  # somewhere among the file writes
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    deadline = time.monotonic() + 300
+    while not any(on_node(node, f"test -e {mark}").returncode == 0 for node in sandbox):
+        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before it wrote {mark}"
+        assert time.monotonic() < deadline, f"no node got {mark} within 300 s"
+    with contextlib.suppress(ProcessLookupError):  # ended just now: said below
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, f"the run ended before {mark} was seen and it could be killed"
     after_kill = {node: _contents(node) for node in sandbox}
     # a command the killed run started on a node (an apt update, say) may still hold its lock for a moment
     pyinfra("--retry", "3", "--retry-delay", "5", INVENTORY, "deploys/all.py")
@@ -88,14 +97,11 @@ def test_a_run_killed_between_writing_systemd_defaults_and_the_reexec_is_complet
 
 
 def test_unreachable_node_fails_alone_and_the_others_finish(sandbox, tmp_path):
-    # the same inventory, but one node's ssh port points nowhere (named sandbox.py: same stand-in group data)
-    with open(INVENTORY) as f:
-        text = f.read()
-    broken = tmp_path / "sandbox.py"
-    broken.write_text(text.replace('_node("sandbox-b1", 2203', '_node("sandbox-b1", 2299'))
+    # the same inventory, but one node's ssh port points nowhere
+    broken = inventory_copy(tmp_path, ('_node("sandbox-b1", 2203', '_node("sandbox-b1", 2299'))
     for node in sandbox:
         on_node(node, "rm -f /etc/security/limits.d/90-inference-nodes.conf")
-    proc = pyinfra("--json", "--group-data", "inventories/group_data", str(broken), "deploys/all.py", check=False)
+    proc = pyinfra("--json", broken, "deploys/all.py", check=False)
     assert proc.returncode == 1
     assert "[sandbox-b1] Could not connect" in proc.stderr
     results = json.loads(proc.stdout)["results"]
@@ -107,19 +113,12 @@ def test_unreachable_node_fails_alone_and_the_others_finish(sandbox, tmp_path):
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
 
 
-def test_add_a_node_drill(sandbox):
+def test_add_a_node_drill(sandbox, tmp_path):
     """One more inventory entry, then preflight and deploy with --limit for it alone: the others see zero
     changes and the audit is green for all (the new node is a one-node cluster of deployment A's profile)."""
-    drill = os.path.join("inventories", ".drill")
-    os.makedirs(drill, exist_ok=True)
-    link = os.path.join(drill, "group_data")
-    if not os.path.islink(link):
-        os.symlink("../group_data", link)
-    inventory = os.path.join(drill, "sandbox.py")  # same file-name group: the sandbox stand-ins apply
-    with open(INVENTORY) as f:
-        text = f.read()
-    with open(inventory, "w") as f:
-        f.write(text + '\nrtx_pro_6000_pair = rtx_pro_6000_pair + [_node("sandbox-a2", 2204, api_port=8104, '
+    inventory = inventory_copy(tmp_path)
+    with open(inventory, "a") as f:
+        f.write('\nrtx_pro_6000_pair = rtx_pro_6000_pair + [_node("sandbox-a2", 2204, api_port=8104, '
                        'cluster_name="rtx-pro-6000-pair-2", service_env=_A_ENV, **_manifest(_A))]\n')
     try:
         up = subprocess.run(["tests/sandbox/node.sh", "up", "sandbox-a2", "2204", "2"], capture_output=True, text=True)
@@ -135,22 +134,13 @@ def test_add_a_node_drill(sandbox):
         assert "failed" not in audit.stdout
     finally:
         subprocess.run(["tests/sandbox/node.sh", "down", "sandbox-a2"], capture_output=True)
-        for path in (inventory, link):
-            if os.path.lexists(path):
-                os.unlink(path)
-        os.rmdir(drill)
 
 
 def test_bad_value_is_reported_even_when_every_node_is_unreachable(sandbox, tmp_path):
     """Validation runs before pyinfra connects (config.py): with every SSH port pointing nowhere, the bad
     value is still what the run reports, and no host is even tried."""
-    with open(INVENTORY) as f:
-        text = f.read()
-    for port in (2201, 2202, 2203):
-        text = text.replace(f', {port},', f', {port + 97},')
-    broken = tmp_path / "sandbox.py"
-    broken.write_text(text)
-    proc = pyinfra("--group-data", "inventories/group_data", str(broken), "deploys/all.py",
+    broken = inventory_copy(tmp_path, *((f", {port},", f", {port + 97},") for port in (2201, 2202, 2203)))
+    proc = pyinfra(broken, "deploys/all.py",
                    "--data", 'model_revision="main"', check=False)
     assert proc.returncode == 1
     for node in sandbox:
@@ -159,11 +149,8 @@ def test_bad_value_is_reported_even_when_every_node_is_unreachable(sandbox, tmp_
 
 
 def test_preflight_refuses_a_fabric_address_the_node_does_not_have(sandbox, tmp_path):
-    with open(INVENTORY) as f:
-        text = f.read()
-    wrong = tmp_path / "sandbox.py"
-    wrong.write_text(text.replace('fabric_address="127.0.1.11"', 'fabric_address="198.51.100.99"'))
-    proc = pyinfra("--group-data", "inventories/group_data", str(wrong), "deploys.preflight.preflight", check=False)
+    wrong = inventory_copy(tmp_path, ('fabric_address="127.0.1.11"', 'fabric_address="198.51.100.99"'))
+    proc = pyinfra(wrong, "deploys.preflight.preflight", check=False)
     assert proc.returncode == 1
     assert "host sandbox-b1: fabric_address 198.51.100.99 is not an address of this node" in proc.stderr
     assert "host sandbox-b0: fabric_address" not in proc.stderr
