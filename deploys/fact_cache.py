@@ -26,7 +26,7 @@ import secrets
 from typing import Any, Iterable
 
 from pyinfra import logger
-from pyinfra.api import StringCommand
+from pyinfra.api import QuoteString, StringCommand
 from pyinfra.api import command as pyinfra_command
 from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
@@ -71,7 +71,7 @@ def prefetch(host: Host, reads: Iterable[FactRead]) -> int:
     answers = kept(host, _ANSWERS, dict)
     if answers is None:
         return 0
-    todo, parts, executor, seen = [], [], None, set()
+    todo, parts, executor, seen, unit_reads = [], [], None, set(), []
     marker = f"@@facts-{secrets.token_hex(8)}"  # a line no fact prints
     for cls, kwargs in reads:
         key = _key(cls, (), kwargs)
@@ -84,21 +84,27 @@ def prefetch(host: Host, reads: Iterable[FactRead]) -> int:
         if executor is not None and run_as != executor:
             continue  # read with other connector arguments (another user, say): on its own
         executor = run_as
+        seen.add(key)
+        if (units := _named_system_units(cls, {k: v for k, v in fact_kwargs.items() if k != "self"})) is not None:
+            unit_reads.append((key, fact, units))
+            continue
         command = pyinfra_facts._make_command(fact.command, dict(fact_kwargs))
         requires = pyinfra_facts._make_command(fact.requires_command, dict(fact_kwargs))
         if requires:
             command = StringCommand("if", "command", "-v", requires, ">/dev/null", "2>&1;", "then", "(", command,
                                     ");", "else", "echo", f"'{pyinfra_facts._MISSING_COMMAND_MARKER}';", "fi")
-        seen.add(key)
         todo.append((key, fact))
         parts.append(StringCommand("(", command, ");", "printf", f"'\\n{marker} %d\\n'", "$?;"))
-    if len(todo) < 2:
+    units = list(dict.fromkeys(u for _, _, names in unit_reads for u in names))
+    if units:
+        parts.append(StringCommand("(", _unit_show(units), ");", "printf", f"'\\n{marker} %d\\n'", "$?;"))
+    if len(todo) + len(unit_reads) < 2:
         return 0
     status, output = host.run_shell_command(StringCommand(*parts), print_output=host.state.print_fact_output,
                                             print_input=host.state.print_fact_input, **executor)
     if not status:
         return 0
-    logger.debug("%sread %d facts in one command", host.print_prefix, len(todo))
+    logger.debug("%sread %d facts in one command", host.print_prefix, len(todo) + len(unit_reads))
     sections = _split(output.stdout_lines, marker)
     for (key, fact), (rc, lines) in zip(todo, sections):
         if rc != 0 or lines == [pyinfra_facts._MISSING_COMMAND_MARKER]:
@@ -107,7 +113,51 @@ def prefetch(host: Host, reads: Iterable[FactRead]) -> int:
             answers[key] = fact.process(lines) if lines else fact.default()
         except Exception:  # noqa: BLE001  read again on its own, where pyinfra reports it
             continue
-    return sum(1 for key, _ in todo if key in answers)
+    if units and len(sections) == len(todo) + 1 and sections[-1][0] == 0:
+        blocks = _unit_blocks(sections[-1][1], units)
+        for key, fact, names in unit_reads if blocks else ():
+            # the lines pyinfra's own read of these units would get: their blocks, a blank line between
+            answers[key] = fact.process([line for name in names for line in ["", *blocks[name]]][1:])
+    return sum(1 for key in [*(k for k, _ in todo), *(k for k, _, _ in unit_reads)] if key in answers)
+
+
+def _named_system_units(cls, kwargs) -> list[str] | None:
+    """The units a ``SystemdStatus``/``SystemdEnabled`` read of the system manager names (no pattern), or
+    None for any other read. These are answered from one ``systemctl show`` for all of them: pyinfra's
+    ``systemd.service`` reads both per unit, each a systemctl call and a round of work for PID 1."""
+    if cls not in (SystemdStatus, SystemdEnabled) or set(kwargs) - {"machine", "services", "user_mode", "user_name"}:
+        return None
+    if kwargs.get("machine") or kwargs.get("user_mode") or kwargs.get("user_name"):
+        return None
+    services = kwargs.get("services")
+    names = [services] if isinstance(services, str) else list(services or [])
+    if not names or any(not isinstance(n, str) or not n or set(n) & set("*?[\\") for n in names):
+        return None
+    return names
+
+
+def _unit_show(units: list[str]) -> StringCommand:
+    """pyinfra's systemctl command for both facts, with both state properties (each fact's ``process``
+    skips the other's line), for every unit at once; systemctl prints one block per name given, in order."""
+    show = StringCommand("systemctl", "show", "--all", "--property", "Id",
+                         *(p for cls in (SystemdStatus, SystemdEnabled) for p in ("--property", cls.state_key)),
+                         *(QuoteString(u) for u in units))
+    return StringCommand("if", "command", "-v", "systemctl", ">/dev/null", "2>&1;", "then", "(", show, ");",
+                         "else", "exit", "1;", "fi")
+
+
+def _unit_blocks(lines: list[str], units: list[str]) -> dict[str, list[str]] | None:
+    """Each unit's block of ``systemctl show`` output, or None when the blocks do not match the names."""
+    blocks, current = [], []
+    for line in [*lines, ""]:
+        if line.strip():
+            current.append(line)
+        elif current:
+            blocks.append(current)
+            current = []
+    if len(blocks) != len(units) or any(not b[0].startswith("Id=") for b in blocks):
+        return None
+    return dict(zip(units, blocks))
 
 
 def _split(lines: list[str], marker: str) -> list[tuple[int, list[str]]]:

@@ -23,6 +23,7 @@ from deploys.inventory import node_config
 from deploys.nvidia_driver import packages_differ_message
 from deploys.run_state import kept
 from deploys.schema import NodeConfig
+from facts.containers import PodmanVersion
 from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources, NodeResourcesDict
 from facts.nvidia import KernelPackages, NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, driver_state
 
@@ -127,13 +128,13 @@ def driver_column(state: dict) -> str:
 
 
 def row_for(name: str, cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: dict | None = None,
-            state: dict | None = None) -> list[str]:
+            state: dict | None = None, podman: str | None = None) -> list[str]:
     return [
         name, f"{cfg.cluster_name}/{cfg.node_rank}",
         res.get("os", "?") + (f" (DGX OS {res['dgx_os']})" if res.get("dgx_os") else ""), res["arch"], res.get("kernel", "?"),
         str(res["cpus"]), _gib(res["mem_bytes"]), f"{_gib(res['disk_free_bytes'])} ({res['disk_path']})",
         _gib(shm_bytes), gpu_column(smi or {}, res["mem_bytes"]), driver_column(state or {"state": "not_installed"}),
-        res["podman"] or "-", ",".join(res["rdma"]) or "-",
+        podman or "-", ",".join(res["rdma"]) or "-",
     ]
 
 
@@ -152,7 +153,7 @@ def preflight():
             (MountSizeBytes, {"path": "/dev/shm"}), (NvidiaSmiGpus, {}), (NvidiaDriverPackages, {}),
             (NvidiaKernelModule, module), (KernelPackages, {}), (InterfaceAddresses, {}),
             (ExistingPaths, {"paths": tuple(cfg.container_devices)}),
-            (OsRelease, {})])  # the driver deploy reads it while preparing (its repo path): no round trip of its own
+            (PodmanVersion, {}), (OsRelease, {})])  # the driver deploy reads it while preparing (its repo path): no round trip of its own
     res = host.get_fact(NodeResources, model_root=cfg.model_root, snapshot_dir=cfg.snapshot_dir)
     shm_bytes = host.get_fact(MountSizeBytes, path="/dev/shm")
     smi = host.get_fact(NvidiaSmiGpus)
@@ -161,11 +162,12 @@ def preflight():
 
     addresses = host.get_fact(InterfaceAddresses)
     devices = host.get_fact(ExistingPaths, paths=tuple(cfg.container_devices))
+    podman = host.get_fact(PodmanVersion)
 
     # every fact is read above: a fact read yields to the other hosts, which must not see this host's row
     # before its problems
     run = kept(host.state, "preflight", _Run)
-    run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes, smi, state)
+    run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes, smi, state, podman)
     run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, addresses, devices) + driver_problems(cfg, state)
     active = [h.name for h in host.state.inventory.get_active_hosts()]
     if not set(active) <= set(run.rows):

@@ -8,7 +8,6 @@ from typing import NotRequired, TypedDict
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
-from facts.containers import podman_version
 
 # Shared by two facts: move $p up to its nearest existing parent (the model path may not exist yet), and
 # the bytes available there.
@@ -35,7 +34,6 @@ echo "disk_path=$p"
 echo "disk_free_bytes=$({avail})"
 if [ -e {snapshot_dir} ]; then echo "model_present_bytes=$(du -sbL {snapshot_dir} 2>/dev/null | cut -f1)"; else echo "model_present_bytes=0"; fi
 echo "rdma=$(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' ')"
-if command -v podman >/dev/null 2>&1; then echo "podman=$(podman --version 2>/dev/null)"; else echo "podman="; fi
 """
 
 _INT_KEYS = ("cpus", "mem_bytes", "disk_free_bytes", "model_present_bytes")
@@ -52,18 +50,18 @@ class NodeResourcesDict(TypedDict):
     disk_free_bytes: int
     model_present_bytes: int  # bytes of the snapshot already there (0: none)
     rdma: list[str]  # /sys/class/infiniband devices
-    podman: str | None  # Podman's version; None: not installed
 
 
 class NodeResources(FactBase[NodeResourcesDict]):
     """OS (and the DGX OS version from /etc/dgx-release, where present), arch, kernel, CPUs, RAM, free disk at
-    the model path, RDMA devices, Podman version.
+    the model path, RDMA devices. (Podman's version is the PodmanVersion fact, which the container runtime
+    reads too: one `podman --version` per run.)
 
     .. code:: python
 
         {"os": "Ubuntu 24.04.3 LTS", "arch": "x86_64", "kernel": "6.8.0-87-generic", "cpus": 32,
          "mem_bytes": 811748065280, "disk_path": "/mnt/data", "disk_free_bytes": 3298534883328,
-         "model_present_bytes": 0, "rdma": ["mlx5_0"], "podman": "4.9.3"}
+         "model_present_bytes": 0, "rdma": ["mlx5_0"]}
     """
 
     default = dict
@@ -88,7 +86,6 @@ class NodeResources(FactBase[NodeResourcesDict]):
         except ValueError as e:
             raise FactProcessError(f"NodeResources: {e}") from e
         values["rdma"] = values.get("rdma", "").split()
-        values["podman"] = podman_version(values.get("podman", ""))
         values["dgx_os"] = values.get("dgx_os") or None
         return values
 
@@ -136,26 +133,37 @@ class ManagedFileDict(TypedDict):
 
 class ManagedFiles(FactBase[dict[str, ManagedFileDict | None]]):
     """Owner, group, mode and sha1 of several managed files in one round trip: ``{path: {"user", "group",
-    "mode", "sha1"} or None}`` (None: not a regular file; mode as pyinfra's File fact gives it, e.g. 644)."""
+    "mode", "sha1"} or None}`` (None: not a regular file; mode as pyinfra's File fact gives it, e.g. 644).
+    One ``stat`` and one ``sha1sum`` for all regular files, not one of each per file: a no-op converge reads
+    some thirty managed files per node. Paths are the toolkit's own (no newline in them)."""
 
     def command(self, paths: tuple[str, ...]) -> str:
         quoted = " ".join(shlex.quote(p) for p in paths)
-        return (f"for p in {quoted}; do if [ -f \"$p\" ]; then printf '%s\\t%s %s\\n' \"$p\" "
-                f"\"$(stat -c '%U %G %a' -- \"$p\")\" \"$(sha1sum -- \"$p\" | cut -d' ' -f1)\"; "
-                f"else printf '%s\\t-\\n' \"$p\"; fi; done")
+        return (f"set --; for p in {quoted}; do if [ -f \"$p\" ]; then set -- \"$@\" \"$p\"; "
+                f"else printf '%s\\t-\\n' \"$p\"; fi; done; "
+                f"if [ $# -gt 0 ]; then stat --printf '%n\\t%U %G %a\\n' -- \"$@\" && sha1sum -- \"$@\"; fi")
 
     def process(self, output: list[str]) -> dict[str, ManagedFileDict | None]:
         files: dict[str, ManagedFileDict | None] = {}
+        owners: dict[str, tuple[str, str, int]] = {}
+        sums: dict[str, str] = {}
         for line in output:
-            path, _, state = line.partition("\t")
-            if state.strip() == "-":
-                files[path] = None
-                continue
+            path, tab, state = line.partition("\t")
             try:
-                user, group, mode, sha1 = state.split()
-                files[path] = {"user": user, "group": group, "mode": int(mode), "sha1": sha1}
+                if not tab:  # sha1sum: "<40 hex>  <path>"
+                    digest, path = line.split("  ", 1)
+                    sums[path] = digest
+                elif state.strip() == "-":
+                    files[path] = None
+                else:
+                    user, group, mode = state.split()
+                    owners[path] = (user, group, int(mode))
             except ValueError as e:
                 raise FactProcessError(f"ManagedFiles: unexpected line {line!r}") from e
+        for path, (user, group, mode) in owners.items():
+            if path not in sums:
+                raise FactProcessError(f"ManagedFiles: no sha1 for {path!r}")
+            files[path] = {"user": user, "group": group, "mode": mode, "sha1": sums[path]}
         return files
 
 

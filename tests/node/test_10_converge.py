@@ -5,6 +5,7 @@ The tests in this module run in order and share the session's nodes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -46,13 +47,12 @@ def test_converge(sandbox):
     assert sorted(changed["Host tuning | Set memlock/nofile/stack limits for logins (limits.d)"]) == sorted(sandbox)
 
 
-def test_ssh_to_every_node_sends_each_message_at_once(sandbox):
-    """deploys/ssh_nodelay.py on the real connections a run makes: without TCP_NODELAY every command waits
-    for the node's delayed ACK (48 ms against 4.8 ms a command on loopback)."""
+@contextlib.contextmanager
+def connected_state():
+    """A pyinfra State connected to every sandbox node, as deploys/all.py's run connects (same hooks)."""
     import runpy
-    import socket
 
-    import deploys  # noqa: F401  (what deploys/all.py imports)
+    import deploys  # noqa: F401  (what deploys/all.py imports: TCP_NODELAY, the fact cache)
     from pyinfra.api import Config, Inventory, State
     from pyinfra.api.connect import connect_all
 
@@ -60,15 +60,51 @@ def test_ssh_to_every_node_sends_each_message_at_once(sandbox):
     state = State(Inventory(([h for hosts in groups.values() for h in hosts], {})), Config())
     connect_all(state)
     try:
+        yield state
+    finally:
+        for h in state.inventory:
+            h.disconnect()
+
+
+def test_ssh_to_every_node_sends_each_message_at_once(sandbox):
+    """deploys/ssh_nodelay.py on the real connections a run makes: without TCP_NODELAY every command waits
+    for the node's delayed ACK (48 ms against 4.8 ms a command on loopback)."""
+    import socket
+
+    with connected_state() as state:
         hosts = list(state.inventory)
         assert sorted(h.name for h in hosts) == sorted(sandbox)
         for h in hosts:
             sock = h.connector.client.get_transport().sock
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY), f"{h.name}: Nagle still on"
             assert h.run_shell_command("true")[0], h.name
-    finally:
-        for h in state.inventory:
-            h.disconnect()
+
+
+def test_unit_reads_answered_together_are_what_pyinfra_reads_for_each(sandbox):
+    """deploys/fact_cache.py answers every SystemdStatus/SystemdEnabled read of a prefetch from one
+    `systemctl show`; on a real node each answer equals pyinfra's own read of that unit list (an alias, a
+    unit that does not exist, a unit named twice, two units in one read), and it is one command."""
+    from pyinfra.api.facts import get_fact
+    from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+
+    from deploys import fact_cache
+    from facts.host import ManagedFiles
+
+    unit_lists = [["ssh.service"], ["sshd.service"], ["no-such-unit.service"], ["inference-nodes-model-verify.timer"],
+                  ["ssh.service", "inference-nodes-model-verify.timer"], "systemd-journald.service"]
+    reads = [(cls, {"services": units}) for units in unit_lists for cls in (SystemdStatus, SystemdEnabled)]
+    reads.append((ManagedFiles, {"paths": ("/etc/hostname",)}))
+    with connected_state() as state:
+        host = state.inventory.get_host("sandbox-a")
+        expected = [get_fact(state, host, cls, args=(), kwargs=kw) for cls, kw in reads]  # pyinfra, uncached
+        assert expected[0] == {"ssh.service": True} and expected[5] == {"no-such-unit.service": False}, expected
+        calls = []
+        run = host.run_shell_command
+        host.run_shell_command = lambda *a, **kw: calls.append(a) or run(*a, **kw)
+        assert fact_cache.prefetch(host, reads) == len(reads)
+        assert len(calls) == 1
+        assert [host.get_fact(cls, **kw) for cls, kw in reads] == expected
+        assert len(calls) == 1, "every answer came from the prefetch"
 
 
 def test_second_converge_reports_zero_changes_in_a_few_commands_per_node(sandbox, tmp_path):

@@ -61,15 +61,6 @@ def test_podman_version_parser():
         PodmanVersion().process(["command not found"])
 
 
-def test_preflight_reads_podman_version_with_the_same_parser():
-    from facts.host import NodeResources
-    from tests.unit.test_facts_and_preflight import SANDBOX_OUTPUT
-
-    for output in ("podman version 4.9.3", "podman version 5.4.2", "podman version 5.0.0-dev"):
-        lines = [line for line in SANDBOX_OUTPUT if not line.startswith("podman=")] + [f"podman={output}"]
-        assert NodeResources().process(lines)["podman"] == PodmanVersion().process([output])
-
-
 def test_rendered_files():
     cfg = ContainerRuntimeKeys(registries=[
         {"prefix": "registry.home.arpa", "mirrors": [{"location": "127.0.0.1:5000", "insecure": True}]}])

@@ -18,8 +18,7 @@ mem_bytes=25218297856
 disk_path=/mnt
 disk_free_bytes=83963756544
 model_present_bytes=0
-rdma=
-podman=podman version 5.4.2""".splitlines()
+rdma=""".splitlines()
 
 
 PROFILE_A = profile("rtx_pro_6000_pair")
@@ -29,13 +28,12 @@ CFG = NodeConfig.model_validate(PROFILE_A)
 def test_node_resources_parses_real_output():
     res = NodeResources().process(SANDBOX_OUTPUT)
     assert res["arch"] == "x86_64" and res["cpus"] == 2 and res["disk_free_bytes"] == 83963756544
-    assert res["rdma"] == [] and res["podman"] == "5.4.2"
+    assert res["rdma"] == [] and "podman" not in res
 
 
-def test_node_resources_lists_rdma_and_missing_podman():
-    out = [line for line in SANDBOX_OUTPUT if not line.startswith(("rdma", "podman"))] + ["rdma=mlx5_0 mlx5_1 ", "podman="]
-    res = NodeResources().process(out)
-    assert res["rdma"] == ["mlx5_0", "mlx5_1"] and res["podman"] is None
+def test_node_resources_lists_rdma():
+    out = [line for line in SANDBOX_OUTPUT if not line.startswith("rdma")] + ["rdma=mlx5_0 mlx5_1 "]
+    assert NodeResources().process(out)["rdma"] == ["mlx5_0", "mlx5_1"]
 
 
 def test_node_resources_rejects_garbage_per_host():
@@ -82,7 +80,8 @@ def test_shm_too_small_for_kv_offload():
 
 
 def test_table_has_a_row_per_host_and_aligned_columns():
-    table = format_table([row_for("node-a", CFG, _res(), 16 * 2**30), row_for("node-bb", CFG, _res(), 2**30)])
+    table = format_table([row_for("node-a", CFG, _res(), 16 * 2**30, podman="5.4.2"),
+                          row_for("node-bb", CFG, _res(), 2**30)])
     lines = table.splitlines()
     assert lines[0].startswith("host ") and "GPUs" in lines[0] and "RDMA" in lines[0]
     assert lines[2].startswith("node-a ") and "16.0 GiB" in lines[2] and "5.4.2" in lines[2]
