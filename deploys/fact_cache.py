@@ -16,11 +16,13 @@ while pyinfra prepares); they are read together with the next read that is not a
 converge thus spends one command on most of a node's facts: each command costs an SSH channel, a session
 and a shell on the node, which on a machine running four nodes was the larger part of a no-op run.
 A declared read the run does not make costs only its share of that command; one it makes but nobody
-declared is read on its own, as before.
+declared is read on its own, as before. Within that command, the per-unit reads of pyinfra's
+``systemd.service`` (``SystemdStatus``, ``SystemdEnabled``) share one ``systemctl show`` of every unit named.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import secrets
 from typing import Any, Iterable
@@ -117,7 +119,8 @@ def prefetch(host: Host, reads: Iterable[FactRead]) -> int:
         blocks = _unit_blocks(sections[-1][1], units)
         for key, fact, names in unit_reads if blocks else ():
             # the lines pyinfra's own read of these units would get: their blocks, a blank line between
-            answers[key] = fact.process([line for name in names for line in ["", *blocks[name]]][1:])
+            with contextlib.suppress(Exception):  # read again on its own, where pyinfra reports it
+                answers[key] = fact.process([line for name in names for line in ["", *blocks[name]]][1:])
     return sum(1 for key in [*(k for k, _ in todo), *(k for k, _, _ in unit_reads)] if key in answers)
 
 
