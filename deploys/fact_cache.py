@@ -91,15 +91,11 @@ def prefetch(host: Host, reads: Iterable[FactRead]) -> int:
             unit_reads.append((key, fact, units))
             continue
         command = pyinfra_facts._make_command(fact.command, dict(fact_kwargs))
-        requires = pyinfra_facts._make_command(fact.requires_command, dict(fact_kwargs))
-        if requires:
-            command = StringCommand("if", "command", "-v", requires, ">/dev/null", "2>&1;", "then", "(", command,
-                                    ");", "else", "echo", f"'{pyinfra_facts._MISSING_COMMAND_MARKER}';", "fi")
         todo.append((key, fact))
-        parts.append(StringCommand("(", command, ");", "printf", f"'\\n{marker} %d\\n'", "$?;"))
+        parts.append(_section(command, pyinfra_facts._make_command(fact.requires_command, dict(fact_kwargs)), marker))
     units = list(dict.fromkeys(u for _, _, names in unit_reads for u in names))
     if units:
-        parts.append(StringCommand("(", _unit_show(units), ");", "printf", f"'\\n{marker} %d\\n'", "$?;"))
+        parts.append(_section(_unit_show(units), SystemdStatus().requires_command(), marker))
     if len(todo) + len(unit_reads) < 2:
         return 0
     status, output = host.run_shell_command(StringCommand(*parts), print_output=host.state.print_fact_output,
@@ -115,13 +111,22 @@ def prefetch(host: Host, reads: Iterable[FactRead]) -> int:
             answers[key] = fact.process(lines) if lines else fact.default()
         except Exception:  # noqa: BLE001  read again on its own, where pyinfra reports it
             continue
-    if units and len(sections) == len(todo) + 1 and sections[-1][0] == 0:
+    if units and len(sections) == len(todo) + 1 and sections[-1][0] == 0:  # (no systemctl: no Id= blocks)
         blocks = _unit_blocks(sections[-1][1], units)
         for key, fact, names in unit_reads if blocks else ():
             # the lines pyinfra's own read of these units would get: their blocks, a blank line between
             with contextlib.suppress(Exception):  # read again on its own, where pyinfra reports it
                 answers[key] = fact.process([line for name in names for line in ["", *blocks[name]]][1:])
     return sum(1 for key in [*(k for k, _ in todo), *(k for k, _, _ in unit_reads)] if key in answers)
+
+
+def _section(command, requires, marker: str) -> StringCommand:
+    """One fact's part of the prefetch: its command (or pyinfra's missing-command marker when ``requires``
+    is not installed) in a subshell, then the marker line with its exit status."""
+    if requires:
+        command = StringCommand("if", "command", "-v", requires, ">/dev/null", "2>&1;", "then", "(", command,
+                                ");", "else", "echo", f"'{pyinfra_facts._MISSING_COMMAND_MARKER}';", "fi")
+    return StringCommand("(", command, ");", "printf", f"'\\n{marker} %d\\n'", "$?;")
 
 
 def _named_system_units(cls, kwargs) -> list[str] | None:
@@ -142,11 +147,9 @@ def _named_system_units(cls, kwargs) -> list[str] | None:
 def _unit_show(units: list[str]) -> StringCommand:
     """pyinfra's systemctl command for both facts, with both state properties (each fact's ``process``
     skips the other's line), for every unit at once; systemctl prints one block per name given, in order."""
-    show = StringCommand("systemctl", "show", "--all", "--property", "Id",
+    return StringCommand("systemctl", "show", "--all", "--property", "Id",
                          *(p for cls in (SystemdStatus, SystemdEnabled) for p in ("--property", cls.state_key)),
                          *(QuoteString(u) for u in units))
-    return StringCommand("if", "command", "-v", "systemctl", ">/dev/null", "2>&1;", "then", "(", show, ");",
-                         "else", "exit", "1;", "fi")
 
 
 def _unit_blocks(lines: list[str], units: list[str]) -> dict[str, list[str]] | None:

@@ -152,8 +152,8 @@ def preflight():
     expect([(NodeResources, {"model_root": cfg.model_root, "snapshot_dir": cfg.snapshot_dir}),
             (MountSizeBytes, {"path": "/dev/shm"}), (NvidiaSmiGpus, {}), (NvidiaDriverPackages, {}),
             (NvidiaKernelModule, module), (KernelPackages, {}), (InterfaceAddresses, {}),
-            (ExistingPaths, {"paths": tuple(cfg.container_devices)}),
-            (PodmanVersion, {}), (OsRelease, {})])  # the driver deploy reads it while preparing (its repo path): no round trip of its own
+            (ExistingPaths, {"paths": tuple(cfg.container_devices)}), (PodmanVersion, {}),
+            (OsRelease, {})])  # the driver deploy reads it while preparing (its repo path): no round trip of its own
     res = host.get_fact(NodeResources, model_root=cfg.model_root, snapshot_dir=cfg.snapshot_dir)
     shm_bytes = host.get_fact(MountSizeBytes, path="/dev/shm")
     smi = host.get_fact(NvidiaSmiGpus)
