@@ -70,9 +70,11 @@ def lock_timeout() -> int:
 
 def lock_waiting(*argv: str, timeout: int | None = None) -> StringCommand:
     """``argv`` run on the node, retried while another apt/dpkg run holds the lock it needs, for ``timeout``
-    seconds (default: the host's `apt_lock_timeout_s`)."""
+    seconds (default: the host's `apt_lock_timeout_s`). Every word is quoted: package names come from the
+    inventory and the node's package lists."""
     timeout = lock_timeout() if timeout is None else timeout
-    return StringCommand("sh", "-c", QuoteString(LOCK_WAIT_SCRIPT), "lock-wait", str(int(timeout)), *argv)
+    return StringCommand("sh", "-c", QuoteString(LOCK_WAIT_SCRIPT), "lock-wait", str(int(timeout)),
+                         *(QuoteString(a) for a in argv))
 
 
 def render_lock_dropin(timeout: int) -> str:

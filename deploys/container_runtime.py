@@ -105,7 +105,7 @@ def toolkit_installed(packages: list[str], version: str):
     # fresh lists first: an interrupted earlier run may have added the source without updating them
     yield lock_waiting("apt-get", "update", "-qq")
     yield StringCommand("DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "--allow-downgrades",
-                        "--allow-change-held-packages", *(f"{p}={version}" for p in packages))
+                        "--allow-change-held-packages", *(QuoteString(f"{p}={version}") for p in packages))
 
 
 @operation()

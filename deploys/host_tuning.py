@@ -16,7 +16,7 @@ from pyinfra.operations import files
 
 from deploys.fact_cache import expect
 from deploys.inventory import node_config
-from deploys.ops import atomic_put, fail_host, host_failed
+from deploys.ops import atomic_put, fail_host, host_failed, secret_file
 from deploys.schema import NodeConfig
 from deploys.unit_text import env_file_line
 from facts.host import ManagedFiles, MountSizeBytes, SystemdDefaultLimits
@@ -152,12 +152,10 @@ def host_tuning():
         group="root",
         mode="0755",
     )
-    atomic_put(
+    secret_file(  # 0600: a value may be a secret (an NCCL/UCX setting with a credential in it)
         batch=batch,
-        name="Write the UCX/NCCL fabric environment",
+        name="Write the UCX/NCCL fabric environment (0600, never printed)",
         src=StringIO(render_fabric_env(cfg)),
         dest=cfg.fabric_env_file,
-        user="root",
-        group="root",
-        mode="0644",
+        private_dir=False,
     )

@@ -29,8 +29,8 @@ from deploys.fact_cache import expect
 from deploys.inventory import node_cluster, node_config
 from deploys.model_snapshot import GATE, STAMP
 from deploys.ops import (atomic_put, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
-                         follow_up_stamp)
-from deploys.unit_text import command_line, environment_line
+                         follow_up_stamp, secret_file)
+from deploys.unit_text import command_line, env_file_line
 from deploys.schema import NodeConfig, cluster_head, cluster_of
 from facts.containers import ServiceStartedFrom
 from facts.host import ManagedFiles
@@ -132,6 +132,18 @@ def service_environment(cfg: NodeConfig, head: NodeConfig | None, nodes: int) ->
     return env
 
 
+def service_env_path(cfg: NodeConfig) -> str:
+    """The serving process's environment: a 0600 file Podman reads (`EnvironmentFile=` in `[Container]` is
+    `--env-file`), never `Environment=` lines: a unit file is world-readable and `systemctl show` prints its
+    environment to every user, and `service_env` values may be secrets under harmless names."""
+    return f"/etc/inference-nodes/{cfg.container_name}.service.env"
+
+
+def render_service_env(cfg: NodeConfig, head: NodeConfig | None, nodes: int) -> str:
+    lines = ["# Managed by inference-nodes: the serving process's environment (0600; Podman reads values verbatim)\n"]
+    return "".join(lines + [env_file_line(k, v) for k, v in sorted(service_environment(cfg, head, nodes).items())])
+
+
 def podman_args(cfg: NodeConfig) -> str:
     memlock = cfg.memlock_podman
     args = []
@@ -200,8 +212,7 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
     fabric = nodes > 1 and cfg.nccl_ib_gid_index is None
     if fabric:
         out.append(f"EnvironmentFile={ROCE_ENV}\n")
-    for key, value in sorted(service_environment(cfg, head, nodes).items()):
-        out.append(environment_line(key, value))
+    out.append(f"EnvironmentFile={service_env_path(cfg)}\n")  # last: its values win, as Environment= did
     argv = container_argv(cfg, head, nodes)
     if argv:
         out.append(f"Exec={command_line(argv)}\n")
@@ -215,7 +226,8 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
     # and the verified snapshot (its stamp: files' size/inode/mtime). A converge compares both with what
     # it renders and what is verified now, and restarts a service started from anything else (a repaired
     # file included: the service may have loaded the bad one).
-    started = files_fingerprint_command((f"{UNIT_DIR}/{cfg.container_name}.container", cfg.fabric_env_file))
+    started = files_fingerprint_command((f"{UNIT_DIR}/{cfg.container_name}.container", cfg.fabric_env_file,
+                                         service_env_path(cfg)))
     record = (f"mkdir -p {RUN_DIR} && {{ {started}; sha256sum < {STAMP} | cut -d' ' -f1; }} > "
               f"{started_from_path(cfg)}")
     out.append(f"ExecStartPre={command_line(['/bin/sh', '-c', record])}\n")
@@ -242,10 +254,10 @@ JOB_PROBE = "/usr/local/lib/inference-nodes/job_probe.py"
 JOB_PROBE_MOUNT = "/run/inference-nodes-job-probe.py"
 
 
-def fingerprint(unit_text: str, cfg: NodeConfig) -> str:
-    """What a running service must have started from: the unit and the fabric env it reads (the image is
+def fingerprint(unit_text: str, cfg: NodeConfig, head: NodeConfig | None, nodes: int) -> str:
+    """What a running service must have started from: the unit and the env files it reads (the image is
     in the unit). The unit records the same hash of the files at every start (`started_from_path`)."""
-    return content_fingerprint(unit_text, render_fabric_env(cfg))
+    return content_fingerprint(unit_text, render_fabric_env(cfg), render_service_env(cfg, head, nodes))
 
 
 def args_check_command(cfg: NodeConfig, argv: list[str]) -> str:
@@ -312,7 +324,8 @@ def inference_service():
     head, nodes = cluster.head, cluster.size
     unit_text = render_container(cfg, head, nodes, cluster.members)
     unit_path = f"{UNIT_DIR}/{cfg.container_name}.container"
-    batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, unit_path)  # read in one round trip
+    env_path = service_env_path(cfg)
+    batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, unit_path, env_path)  # read in one round trip
     service = f"{cfg.container_name}.service"
     started = started_from_path(cfg)
     volume_dirs = [p for p in (cfg.jit_cache_dir, cfg.container_tmp_dir) if p]
@@ -334,11 +347,13 @@ def inference_service():
     check = args_check_command(cfg, vllm_argv(cfg, head, nodes)) if cfg.vllm_launch == "cli" else None
     vllm_accepts(name="Check the new command line with the image's own vLLM", unit_path=unit_path,
                  unit_text=unit_text, check=check)
+    secret_file(batch=batch, name="Write the service environment (0600, never printed)",
+                src=StringIO(render_service_env(cfg, head, nodes)), dest=env_path, private_dir=False)
     atomic_put(batch=batch, name="Install the Quadlet unit", src=StringIO(unit_text), dest=unit_path,
                user="root", group="root", mode="0644", create_remote_dir=True, resets=follow_up_stamp(QUADLET_STAMP))
     follow_up_done(name="Run the Quadlet generator (daemon-reload)", stamp=QUADLET_STAMP,
                    command="systemctl daemon-reload", paths=(unit_path,), contents=(unit_text,))
-    fp = fingerprint(unit_text, cfg)
+    fp = fingerprint(unit_text, cfg, head, nodes)
     service_current(name="Start or update workers (rank > 0) before heads", service=service, started_from=started,
                     fingerprint=fp, act=not cfg.is_head)
     service_current(name="Start or update heads and single nodes", service=service, started_from=started,

@@ -10,7 +10,7 @@ import subprocess
 
 import gevent.lock
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from deploys import hub_lock
 from deploys.ops import ControlNodeError, fail_host
@@ -79,6 +79,6 @@ def hub_client_installed(venv: str):
     yield StringCommand("rm", "-rf", NODE_WHEELS, "&&", "mkdir", "-p", NODE_WHEELS)
     for wheel in [*wheels, hub_lock.LOCK]:
         yield FileUploadCommand(wheel, f"{NODE_WHEELS}/{os.path.basename(wheel)}")
-    yield StringCommand("python3", "-m", "venv", "--clear", venv)
-    yield StringCommand(*node_install_command(f"{venv}/bin/pip", NODE_WHEELS))
-    yield StringCommand("cp", f"{NODE_WHEELS}/{HUB_LOCK_NAME}", f"{venv}/{HUB_LOCK_NAME}")
+    yield StringCommand("python3", "-m", "venv", "--clear", QuoteString(venv))  # the schema keeps it under /opt/inference-nodes/
+    yield StringCommand(*map(QuoteString, node_install_command(f"{venv}/bin/pip", NODE_WHEELS)))
+    yield StringCommand("cp", f"{NODE_WHEELS}/{HUB_LOCK_NAME}", QuoteString(f"{venv}/{HUB_LOCK_NAME}"))

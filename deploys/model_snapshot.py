@@ -28,7 +28,7 @@ from deploys.schema import NodeConfig
 from facts.host import FreeBytes, ManagedFiles
 from facts.model import ModelVerification, SeedDaemon
 from files import helper_path
-from files.model_snapshot.snapshot_manifest import read_manifest
+from files.model_snapshot.snapshot_manifest import OWNER_MARKER, read_manifest
 
 
 NODE_LIB = "/usr/local/lib/inference-nodes"
@@ -45,6 +45,34 @@ HUB_DOWNLOAD = f"{NODE_LIB}/hub_download.py"
 HUB_TOKEN = "/etc/inference-nodes/secrets/hf-token"
 
 
+def owner_marker(model_dir: str) -> str:
+    return f"{model_dir}/{OWNER_MARKER}"
+
+
+OWNER_TEXT = ("Managed by inference-nodes: this directory holds one model snapshot, and the toolkit deletes files in "
+              "it that the snapshot's manifest does not list.\n")
+
+
+def owner_commands(dest_dir: str, extra: list[str], owned: bool):
+    """The model directory is the toolkit's before anything in it is deleted: it carries the owner marker, or
+    holds nothing the manifest does not list (then it is marked now: absent, empty, or the snapshot alone).
+    A directory with other files and no marker (`model_root` pointed at a shared one) fails the host with
+    nothing deleted. Yields the commands (the marker write, or the failure)."""
+    if owned:
+        return
+    marker = owner_marker(dest_dir)
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        yield fail_host(f"{host.name}: {dest_dir} holds {len(extra)} file(s) the model's manifest does not list "
+                        f"({shown}) and no {OWNER_MARKER}: the sync deletes such files, so only in a directory the "
+                        f"toolkit owns. Nothing was deleted. Point model_root at a directory of its own, or, if this "
+                        f"directory holds this model alone, create {marker} and run again")
+        return
+    yield StringCommand("mkdir", "-p", QuoteString(dest_dir), "&&", "printf", "'%s'", QuoteString(OWNER_TEXT), ">",
+                        QuoteString(f"{marker}.tmp"), "&&", "mv", "-f", QuoteString(f"{marker}.tmp"),
+                        QuoteString(marker))
+
+
 def render_gate(snapshot_dir: str) -> str:
     return (
         "#!/bin/sh\n# Managed by inference-nodes: the service's start precondition (no hashing, stamp + stat only).\n"
@@ -54,7 +82,7 @@ def render_gate(snapshot_dir: str) -> str:
 
 @operation()
 def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
-                    assignment: model_fanout.Assignment | None = None):
+                    assignment: model_fanout.Assignment | None = None, batch: tuple[str, ...] = ()):
     """Verify the node's snapshot; unless `present`, fetch exactly the missing/bad files, then verify in full.
 
     + mode: push, hub or present
@@ -62,6 +90,7 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
     + dest_dir: where fetched files land (free disk is checked there first)
     + wave: the fan-out wave this operation is (0-based); the first one also records what every node needs
     + assignment: this node's wave and source in a `push` fan-out (None: wave 0 from the control node)
+    + batch: the model deploy's managed files (the owner marker among them), read in one round trip
     """
     assignment = assignment or model_fanout.Assignment(0, None)
     if wave not in (0, assignment.wave):
@@ -72,6 +101,13 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
         result = host.get_fact(ModelVerification, verifier=VERIFIER, manifest=MANIFEST, snapshot_dir=snapshot_dir,
                                stamp=STAMP, record=RECORD, full=node_config().model_verify_full)
         model_fanout.record_verdict(host.name, result)
+    if wave == 0:  # the first of a node's sync operations: the directory is the toolkit's before anything else
+        marker = owner_marker(dest_dir)
+        owned = host.get_fact(ManagedFiles, paths=batch if marker in batch else (marker,)).get(marker) is not None
+        commands = list(owner_commands(dest_dir, result.get("extra", []), owned))
+        yield from commands
+        if commands and not owned and result.get("extra"):
+            return  # the host failed
     if result.get("ok"):
         host.noop(f"{result['files']} files verified ({result['mode']}), {result['manifest_digest']}")
         return
@@ -132,7 +168,8 @@ def model_snapshot():
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
     apt.packages(name="Install what the verifier and rsync need", packages=["python3", "rsync"])
     verifier = [f"{NODE_LIB}/{name}" for name in VERIFIER_FILES]
-    batch = (*verifier, MANIFEST, GATE, HUB_DOWNLOAD, f"{cfg.model_dir}/refs/main", model_fanout.PEER_PULL)
+    batch = (*verifier, MANIFEST, GATE, HUB_DOWNLOAD, f"{cfg.model_dir}/refs/main", model_fanout.PEER_PULL,
+             owner_marker(cfg.model_dir))
     # not the verification itself: it may re-hash every file, and would run twice if a command ran in between
     expect([*APT_READS, (ManagedFiles, {"paths": batch}), (Directory, {"path": posixpath.dirname(STAMP)}),
             (File, {"path": HUB_TOKEN}), (SeedDaemon, {"unit": model_fanout.SEED_UNIT, "secret_dir": model_fanout.SEED_DIR})])
@@ -182,5 +219,6 @@ def model_snapshot():
             dest_dir=cfg.model_dir,
             wave=wave,
             assignment=plan.get(host.name),
+            batch=batch,
         )
     model_fanout.peers_stopped(name="Stop serving the model to peers (seed daemon, run secret)")

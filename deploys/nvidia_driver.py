@@ -12,7 +12,7 @@ from __future__ import annotations
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.files import File
 from pyinfra.facts.server import OsRelease
 from pyinfra.operations import apt, files, server
@@ -144,7 +144,7 @@ def branch_allowed(branch: str, allow_change: bool):
     # Packages named after the old branch (nvidia-driver-pinning-590) go; the rest is downgraded by the pin.
     named = sorted(n for n, v in others.items() if n.endswith(f"-{DRIVER_VERSION.match(v)['branch']}"))
     if named:
-        yield StringCommand("DEBIAN_FRONTEND=noninteractive", "apt-get", "remove", "-y", *named)
+        yield StringCommand("DEBIAN_FRONTEND=noninteractive", "apt-get", "remove", "-y", *map(QuoteString, named))
 
 
 @operation()
@@ -166,7 +166,7 @@ def driver_installed(packages: list[str], branch: str):
     yield lock_waiting("apt-get", "update", "-qq")
     yield StringCommand(
         "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "--allow-downgrades",
-        "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold", *wanted,
+        "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold", *map(QuoteString, wanted),
     )
 
 

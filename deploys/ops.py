@@ -196,21 +196,39 @@ def upload_private(src, dest: str):
 
 
 @operation()
-def secret_file(src: str, dest: str):
-    """Copy a secret from the control node, mode 0600 root, without ever printing its content
-    (files.put would show it under --diff). Under ``_sudo`` the upload passes only through a 0700
-    directory of the SSH user, never a world-readable temporary file.
+def secret_file(src, dest: str, batch: tuple[str, ...] = (), private_dir: bool = True):
+    """Write a file that holds (or may hold) a secret: mode 0600 root, its content never printed (files.put
+    would show it under --diff), never lying in a file other users can read on the way (under ``_sudo`` the
+    upload passes only through a 0700 directory of the SSH user), and replaced whole: the content goes into a
+    0600 file beside ``dest`` that is renamed over it, so a killed run leaves the old file or the new one.
+    The one writer of every file whose values may be secrets (hub token, registry credentials, env files).
 
-    + src: control-node path
+    + src: a control-node path, or the content as a file-like object
     + dest: node path
+    + batch: as atomic_put's (the deploy's managed files, read in one round trip)
+    + private_dir: make the parent directory 0700 (a directory of secrets); else only create it
     """
-    with open(src, "rb") as f:
-        local = hashlib.sha1(f.read()).hexdigest()
-    remote = host.get_fact(ManagedFiles, paths=(dest,)).get(dest)  # content hash, owner and mode: one round trip
-    if remote and (remote["sha1"], remote["user"], remote["mode"]) == (local, "root", 600):
+    if hasattr(src, "read"):
+        data = src.read()
+        src.seek(0)  # the operation body runs again at execute time
+        data = data.encode() if isinstance(data, str) else data
+    else:
+        with open(src, "rb") as f:
+            data = f.read()
+    paths = tuple(batch) if dest in batch else (dest,)
+    remote = host.get_fact(ManagedFiles, paths=paths).get(dest)  # content hash, owner and mode: one round trip
+    if remote and (remote["sha1"], remote["user"], remote["group"], remote["mode"]) == (
+            hashlib.sha1(data).hexdigest(), "root", "root", 600):
         host.noop(f"{dest} up to date (0600)")
         return
-    yield StringCommand("install", "-d", "-m", "0700", "-o", "root", "-g", "root", QuoteString(dest.rsplit("/", 1)[0]))
-    yield StringCommand("touch", QuoteString(dest), "&&", "chmod", "0600", QuoteString(dest))
-    yield from upload_private(src, dest)  # into the 0600 file made above
-    yield StringCommand("chown", "root:root", QuoteString(dest), "&&", "chmod", "0600", QuoteString(dest))
+    parent, name = posixpath.split(dest)
+    tmp = f"{parent}/.{name}.inference-nodes-tmp"
+    if private_dir:
+        yield StringCommand("install", "-d", "-m", "0700", "-o", "root", "-g", "root", QuoteString(parent))
+    else:
+        yield StringCommand("mkdir", "-p", QuoteString(parent))
+    yield StringCommand("rm", "-f", QuoteString(tmp), "&&", "install", "-m", "0600", "-o", "root", "-g", "root",
+                        "/dev/null", QuoteString(tmp))
+    yield from upload_private(io.BytesIO(data), tmp)  # into the 0600 file made above
+    yield StringCommand("chown", "root:root", QuoteString(tmp), "&&", "chmod", "0600", QuoteString(tmp), "&&",
+                        "mv", "-f", QuoteString(tmp), QuoteString(dest))

@@ -17,7 +17,7 @@ import sys
 
 from deploys import apt_state, container_runtime, host_tuning, inference_service, model_integrity, model_snapshot, nvidia_driver
 from deploys.inventory import load_inventory
-from deploys.schema import NodeConfig, cluster_of, validate_inventory
+from deploys.schema import InventoryValidationError, NodeConfig, cluster_of, validate_inventory
 
 
 def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: list[NodeConfig],
@@ -38,6 +38,7 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: li
         f"{model_integrity.UNIT_DIR}/{model_integrity.UNIT}.timer": model_integrity.render_timer(cfg),
         f"{inference_service.UNIT_DIR}/{cfg.container_name}.container":
             inference_service.render_container(cfg, head, nodes, members),
+        inference_service.service_env_path(cfg): inference_service.render_service_env(cfg, head, nodes),
     }
     if cfg.nvidia_driver_source == "cuda_repo":
         path = nvidia_driver.cuda_repo_path({"id": distro, "version_id": ""}, cfg.node_arch)
@@ -62,12 +63,23 @@ def render_inventory(inventory_file: str, out_dir: str, limit: str | None = None
             continue
         cluster = cluster_of(configs, name)
         for path, text in host_files(cfg, cluster.head, cluster.size, cluster.members, distro).items():
-            dest = os.path.join(out_dir, name, path.lstrip("/"))
+            dest = inside_out_dir(out_dir, name, path)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with open(dest, "w") as f:
+            with open(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # env files too
                 f.write(text)
             written.append(dest)
     return written
+
+
+def inside_out_dir(out_dir: str, host: str, node_path: str) -> str:
+    """Where ``node_path`` of ``host`` is rendered: below OUTDIR/<host>/, or refused (validation refuses such
+    host names already; this is the writer's own guard, links included)."""
+    base = os.path.realpath(out_dir)
+    host_dir = os.path.realpath(os.path.join(base, host))
+    dest = os.path.realpath(os.path.join(host_dir, node_path.lstrip("/")))
+    if not host_dir.startswith(base + os.sep) or not dest.startswith(host_dir + os.sep):
+        raise SystemExit(f"host {host}: {node_path} would be written outside {out_dir}/{host}/: refused")
+    return dest
 
 
 def main(argv: list[str]) -> int:
@@ -77,7 +89,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--limit", help="one host or cluster_name")
     parser.add_argument("--distro", default="ubuntu2404", help="the nodes' distribution for NVIDIA's repo path")
     args = parser.parse_args(argv)
-    for path in render_inventory(args.inventory, args.out_dir, args.limit, args.distro):
+    try:
+        written = render_inventory(args.inventory, args.out_dir, args.limit, args.distro)
+    except InventoryValidationError as e:
+        print(e, file=sys.stderr)
+        return 1
+    for path in written:
         print(path)
     return 0
 

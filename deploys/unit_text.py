@@ -51,11 +51,19 @@ def unit_word(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+LONE_SEMICOLON = ";"
+
+
 def command_line(argv: list[str]) -> str:
     """An `Exec=`-style command line. An empty argument is refused: Podman's Quadlet generator drops it and
-    every argument after it (seen with Podman 5.4's generator)."""
+    every argument after it (seen with Podman 5.4's generator). So is an argument that is exactly `;`: written
+    quoted it is right for systemd, but Quadlet 4.9.3 splits `Exec=` and writes that word back bare into
+    `ExecStart=`, where systemd reads it as a command separator (mid-line the unit is refused, at the end
+    the `;` vanishes)."""
     if any(a == "" for a in argv):
         raise UnitValueError(f"an empty argument in {argv!r}")
+    if LONE_SEMICOLON in argv:
+        raise UnitValueError("an argument that is exactly ';' (Quadlet writes it back as a command separator)")
     return " ".join(unit_word(a) for a in argv)
 
 

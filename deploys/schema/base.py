@@ -13,7 +13,7 @@ import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from deploys.unit_text import ENV_NAME
 from files.model_snapshot.snapshot_manifest import SAFE_PATH
@@ -21,8 +21,30 @@ from files.model_snapshot.snapshot_manifest import SAFE_PATH
 HEX40 = re.compile(r"[0-9a-f]{40}")  # patterns are used with fullmatch: `$` would accept a trailing newline
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
-# Directories a writable mount or directory must never be (or cover).
+# Directories a container mount point must never be (or cover).
 SYSTEM_DIRS = frozenset({"/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/var", "/run", "/boot", "/root"})
+
+# --------------------------------------------------------------------------------------------------
+# Path kinds: what each path-valued key may name (see ``PathKind`` and the README's key table)
+
+# Trees a directory the toolkit creates, chmods, mounts writable or deletes from is never in (nor above):
+# the system's own files, the package managers' and container engines' state, world-writable temp trees (any
+# user can plant a link where root then writes) and the toolkit's own state (deploys/*.py own those paths).
+FORBIDDEN_TREES = (
+    "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/efi", "/dev", "/proc", "/sys",
+    "/run", "/snap", "/lost+found", "/tmp", "/var/tmp", "/var/lib/dpkg", "/var/lib/apt", "/var/cache/apt",
+    "/var/lib/containers", "/var/lib/docker", "/var/lib/systemd", "/var/log", "/var/spool", "/var/mail",
+    "/var/lib/inference-nodes", "/var/cache/inference-nodes/wheels",
+)
+# Directories other software and users share: a directory key may name one below them, never one of them.
+SHARED_DIRS = frozenset({
+    "/", "/home", "/root", "/srv", "/opt", "/mnt", "/media", "/data", "/scratch", "/var", "/var/lib", "/var/cache",
+    "/var/opt", "/var/local", "/opt/inference-nodes", "/var/cache/inference-nodes",
+})
+# Path components that hold a user's credentials or configuration (`/root/.ssh`, `/home/ops/.config/...`).
+PRIVATE_COMPONENTS = re.compile(r"\.(ssh|gnupg|config|docker|kube|aws|pki|password-store)")
+# The hub client's venv is the toolkit's alone: `--clear` empties it, so it lives under this root.
+TOOLKIT_VENV_ROOT = "/opt/inference-nodes"
 
 # Variable names that carry secrets belong in the secret-file keys, never in a unit or env file.
 # Matched on the name's `_`-separated words: HF_TOKEN and DB_PASSWORD are secrets, MAX_NUM_BATCHED_TOKENS is not.
@@ -35,9 +57,44 @@ SECRET_FILE_KEYS = ("model_hub_token_file", "registry_auth_file")
 
 
 class ComponentKeys(BaseModel):
-    """The base of every component's keys: unknown keys are errors, values frozen, no inf/nan."""
+    """The base of every component's keys: unknown keys are errors, values frozen, no inf/nan, and no
+    true/false where a number belongs (pydantic's lax mode reads `[True]` as `[1]`: GPU 1, silently)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data: Any) -> Any:
+        from deploys.schema.problems import KeyRuleError
+
+        if isinstance(data, dict):
+            for key, value in data.items():
+                field = cls.model_fields.get(key)
+                if field is not None and _number_not_bool(field.annotation) and _holds_bool(value):
+                    raise KeyRuleError(key, value, "numbers, not true/false (a boolean would be read as 1 or 0)")
+        return data
+
+
+def _number_not_bool(annotation: Any) -> bool:
+    """Whether the annotation takes numbers (alone, in a list, as dict values) and never a boolean."""
+    import typing
+
+    args = typing.get_args(annotation)
+    if annotation is bool or bool in args:
+        return False
+    if annotation in (int, float):
+        return True
+    return any(_number_not_bool(a) for a in args if a is not str)
+
+
+def _holds_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_bool(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_bool(v) for v in value.values())
+    return False
 
 
 def _key(default: Any = ..., description: str = "", **kw: Any) -> Any:
@@ -66,6 +123,104 @@ def _absolute(value: str) -> str:
 AbsPath = Annotated[str, AfterValidator(_absolute)]
 
 
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def owned_dir_problem(path: str, trees: tuple[str, ...] = FORBIDDEN_TREES) -> str | None:
+    """Why ``path`` cannot be a directory the toolkit creates, chmods, mounts writable or deletes from (None:
+    it can). Refused: a system, package, container-engine, temp or toolkit-state tree (or a path above one), a
+    directory others share (`/srv`, `/home`, `/opt`, a home directory itself), and credential folders."""
+    for tree in trees:
+        if _under(path, tree) or _under(tree, path):
+            return f"a directory of its own, outside {tree} (the toolkit writes, mounts or deletes there as root)"
+    parts = PurePosixPath(path).parts
+    if path in SHARED_DIRS or (len(parts) == 3 and parts[1] == "home"):
+        return (f"a directory of its own below {path}, not {path} itself (other software and users keep files "
+                "there; the toolkit writes, mounts or deletes as root)")
+    if any(PRIVATE_COMPONENTS.fullmatch(p) for p in parts):
+        return "a directory outside a user's credentials and configuration (.ssh, .gnupg, .config, ...)"
+    return None
+
+
+class PathKind:
+    """What a path-valued key may name. Each key's kind is in its type (``Annotated[str, kind]``), so the
+    rule is checked where the key parses and shown in the README's key table (``rule``)."""
+
+    def __init__(self, name: str, rule: str, check=None):
+        self.name, self.rule, self._check = name, rule, check
+
+    def __call__(self, value: str) -> str:
+        value = _absolute(value)
+        if self._check and (why := self._check(value)):
+            raise ValueError(why)
+        return value
+
+
+def _under_one_of(*roots: str, what: str):
+    def check(path: str) -> str | None:
+        if not any(path.startswith(r.rstrip("/") + "/") for r in roots):
+            return f"{what} under {' or '.join(r + '/' for r in roots)}"
+        return None
+    return check
+
+
+def _venv_check(path: str) -> str | None:
+    return _under_one_of(TOOLKIT_VENV_ROOT, what="a directory")(path) and (
+        f"a directory under {TOOLKIT_VENV_ROOT}/ (the deploy empties it with `python3 -m venv --clear`: only a "
+        "directory of the toolkit's own may be cleared)")
+
+
+# Directories the toolkit owns: it creates them, chmods them, mounts them writable, deletes what it does not
+# list (the model directory: only once it carries the toolkit's marker, deploys/model_snapshot.py).
+OWNED_DIR = PathKind("owned_dir", "an absolute directory of its own: not a system, temp, package or toolkit-state "
+                     "tree, not a shared one (`/srv`, `/opt`, `/home/<user>`), nor a credential folder",
+                     owned_dir_problem)
+HUB_VENV = PathKind("hub_venv", f"a directory under `{TOOLKIT_VENV_ROOT}/` (emptied by `venv --clear`)", _venv_check)
+# The control node's own download cache: the same rule, but below the temp trees too (it is the admin's
+# machine and user; `/tmp` itself is still refused as a shared directory).
+CONTROL_DIR = PathKind("control_dir", "an absolute control-node directory of its own (not a system or shared one)",
+                       lambda p: owned_dir_problem(p, tuple(t for t in FORBIDDEN_TREES if t not in ("/tmp", "/var/tmp")))
+                       or (f"a directory below {p}, not {p} itself" if p in ("/tmp", "/var/tmp") else None))
+# Files the toolkit writes whole as root, each under its own folder.
+FABRIC_ENV_FILE = PathKind("env_file", "a file under `/etc/inference-nodes/` (written 0600 as root)",
+                           _under_one_of("/etc/inference-nodes", what="a file"))
+CDI_SPEC_FILE = PathKind("cdi_spec", "a `.yaml` or `.json` file under `/etc/cdi/` or `/var/run/cdi/` (CDI's spec dirs)",
+                         lambda p: _under_one_of("/etc/cdi", "/var/run/cdi", "/run/cdi", what="a file")(p)
+                         or (None if p.endswith((".yaml", ".json")) else "a .yaml or .json file name"))
+# Devices passed into the container.
+DEVICE = PathKind("device", "a path under `/dev/`", _under_one_of("/dev", what="a device"))
+# Trees the toolkit only reads (sysfs, procfs or the sandbox's stand-ins).
+READ_ONLY_ROOT = PathKind("read_only", "an absolute path the toolkit only reads")
+# Paths inside the container (checked against each other and the image's system directories).
+CONTAINER_PATH = PathKind("container_path", "an absolute path inside the container, not / or a system directory")
+# Control-node paths: a secret file (checked once the keys parse: exists, 0600, outside the repo) or a cache.
+CONTROL_SECRET = PathKind("control_secret", "a control-node file, mode 0600, outside the repository")
+
+OwnedDir = Annotated[str, AfterValidator(OWNED_DIR)]
+ControlDir = Annotated[str, AfterValidator(CONTROL_DIR)]
+HubVenv = Annotated[str, AfterValidator(HUB_VENV)]
+FabricEnvFile = Annotated[str, AfterValidator(FABRIC_ENV_FILE)]
+CdiSpecFile = Annotated[str, AfterValidator(CDI_SPEC_FILE)]
+DevicePath = Annotated[str, AfterValidator(DEVICE)]
+ReadOnlyRoot = Annotated[str, AfterValidator(READ_ONLY_ROOT)]
+ContainerPath = Annotated[str, AfterValidator(CONTAINER_PATH)]
+ControlSecret = Annotated[str, AfterValidator(CONTROL_SECRET)]
+
+
+def path_kind(annotation: Any) -> PathKind | None:
+    """The PathKind a field's annotation carries (``X | None`` and ``list[X]`` included), else None."""
+    import typing
+
+    for meta in getattr(annotation, "__metadata__", ()):
+        if isinstance(getattr(meta, "func", None), PathKind):
+            return meta.func
+    for arg in typing.get_args(annotation):
+        if kind := path_kind(arg):
+            return kind
+    return None
+
+
 def _env_map(value: dict[str, str]) -> dict[str, str]:
     for name in value:
         if not ENV_NAME.fullmatch(name):
@@ -77,6 +232,32 @@ def _env_map(value: dict[str, str]) -> dict[str, str]:
 
 
 EnvMap = Annotated[dict[str, str], AfterValidator(_env_map)]
+
+
+# A Debian package name as apt takes it on the command line: no version, option or shell syntax.
+DEB_PACKAGE = re.compile(r"[a-z0-9][a-z0-9.+-]+")
+
+# Characters a URL key may hold: RFC 3986's, less those a shell, an apt source or a unit file reads specially.
+_URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?#\[\]!&()*+,;=%-]+")
+
+
+def _url(value: str) -> str:
+    from urllib.parse import urlsplit
+
+    if not _URL_CHARS.fullmatch(value):
+        raise ValueError("a URL of letters, digits and . _ ~ : / ? # [ ] ! & ( ) * + , ; = % - only (no spaces, "
+                         "quotes, '$', '@', '\\' or backticks)")
+    url = urlsplit(value)
+    if "@" in url.netloc:  # (refused above too: '@' is not in the set; kept for the message's sake)
+        raise ValueError("a URL without credentials")
+    if url.scheme != "file" and not url.hostname:
+        raise ValueError("a URL with a host")
+    return value
+
+
+# A URL the toolkit writes into apt sources, env files and commands: never credentials (`user:pass@host` would
+# land in 0644 files and in logs; the hub token and registry credentials are files of their own).
+Url = Annotated[str, AfterValidator(_url)]
 
 
 def is_loopback_host(name: str) -> bool:

@@ -11,8 +11,13 @@ from typing import Any, Literal
 
 from pydantic import model_validator
 
-from deploys.schema.base import HEX40, SYSTEM_DIRS, AbsPath, ComponentKeys, EnvMap, _key
+from deploys.schema.base import (HEX40, SYSTEM_DIRS, ComponentKeys, ContainerPath, DevicePath, EnvMap, OwnedDir,
+                                 ReadOnlyRoot, _key)
 from deploys.schema.problems import KeyRuleError, looks_secret
+from deploys.unit_text import LONE_SEMICOLON
+
+# `scheme://user:password@host`: credentials in a URL given as an argument
+URL_CREDENTIALS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@]+@")
 from files.model_snapshot.snapshot_manifest import inside  # one definition of "at or below"
 
 
@@ -71,7 +76,7 @@ class ContainerKeys(ComponentKeys):
         "`kv_offload_gib + shm_headroom_gib` (never Podman's 64 MiB default); Podman refuses it with `--ipc=host`",
         pattern=r"^[0-9]+[bkmg]?$",
     )
-    container_devices: list[AbsPath] = _key(
+    container_devices: list[DevicePath] = _key(
         [], description="host devices passed into the container (`AddDevice=`): `/dev/infiniband` for NCCL's "
         "RoCE/InfiniBand transport; preflight refuses a node that lacks one",
     )
@@ -103,17 +108,17 @@ class ContainerKeys(ComponentKeys):
         "40-hex `revision`",
     )
     vllm_args: list[str] = _key([], description="extra vLLM flags after the derived ones (`cli` launch only)")
-    model_mount: AbsPath = _key("/models", description="where the model directory is mounted read-only in the container")
-    jit_cache_dir: AbsPath | None = _key(None, description="host directory for the persistent JIT cache")
-    jit_cache_mount: AbsPath = _key("/cache", description="mount point of `jit_cache_dir` in the container")
-    container_tmp_dir: AbsPath | None = _key(None, description="host directory for the container's persistent tmp")
-    container_tmp_mount: AbsPath = _key("/container-tmp", description="mount point of `container_tmp_dir` in the container")
+    model_mount: ContainerPath = _key("/models", description="where the model directory is mounted read-only in the container")
+    jit_cache_dir: OwnedDir | None = _key(None, description="host directory for the persistent JIT cache")
+    jit_cache_mount: ContainerPath = _key("/cache", description="mount point of `jit_cache_dir` in the container")
+    container_tmp_dir: OwnedDir | None = _key(None, description="host directory for the container's persistent tmp")
+    container_tmp_mount: ContainerPath = _key("/container-tmp", description="mount point of `container_tmp_dir` in the container")
     api_bind_address: str = _key("127.0.0.1", description="address the API listens on; loopback unless fronted by an authenticating proxy")
     api_port: int = _key(8000, description="API port", ge=1, le=65535)
     api_protected_by: str | None = _key(
         None, description="how a non-loopback API is protected (required when `api_bind_address` is not loopback)"
     )
-    roce_sysfs_root: AbsPath = _key(
+    roce_sysfs_root: ReadOnlyRoot = _key(
         "/sys", description="sysfs the RoCE GID lookup reads at service start (`/sys`; the sandbox has a stand-in tree)"
     )
     service_timeout_start_sec: int = _key(3600, description="`TimeoutStartSec=`: first start compiles and loads ~160 GB", ge=1, le=7 * 86400)
@@ -139,11 +144,24 @@ class ContainerKeys(ComponentKeys):
 
     @model_validator(mode="after")
     def _launch_rules(self) -> ContainerKeys:
+        try:
+            exec_words = shlex.split(self.container_exec or "")
+        except ValueError as e:  # no closing quotation, a trailing escape
+            raise KeyRuleError("container_exec", self.container_exec,
+                               f"a command line shlex can split ({e}: balance the quotes)") from None
         for key, words in (("vllm_command", self.vllm_command), ("vllm_args", self.vllm_args),
-                           ("container_exec", shlex.split(self.container_exec or ""))):
+                           ("container_exec", exec_words)):
             if "" in words:
                 raise KeyRuleError(key, words, "no empty arguments: Podman's Quadlet drops an empty word of Exec= "
                                    "and every argument after it")
+            if LONE_SEMICOLON in words:
+                raise KeyRuleError(key, words, "no argument that is exactly ';': Podman 4.9.3's Quadlet writes it "
+                                   "back bare, and systemd reads a bare ';' as a command separator")
+            for word in words:
+                if looks_secret(word) or URL_CREDENTIALS.search(word):
+                    raise KeyRuleError(key, word, "no secrets on the command line (it is in the unit file and in "
+                                       "`ps`, readable by every user): give secrets as files (model_hub_token_file, "
+                                       "registry_auth_file)")
         if self.vllm_launch == "image_env":
             if not self.container_exec:
                 raise KeyRuleError("container_exec", None, "the image's serving script, since vllm_launch is image_env")

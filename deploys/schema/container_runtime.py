@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from deploys.schema.base import AbsPath, ComponentKeys, _key
+from deploys.schema.base import DEB_PACKAGE, CdiSpecFile, ComponentKeys, ControlSecret, Url, _key
 from deploys.schema.problems import KeyRuleError
 
 
@@ -40,13 +40,13 @@ class ContainerRuntimeKeys(ComponentKeys):
     nvidia_toolkit_packages: list[str] = _key(
         ["nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
          "libnvidia-container1"],
-        description="toolkit packages, all installed at `nvidia_toolkit_version`",
+        description="toolkit packages, all installed at `nvidia_toolkit_version` (Debian package names)",
     )
-    nvidia_toolkit_repo_url: str = _key(
+    nvidia_toolkit_repo_url: Url = _key(
         "https://nvidia.github.io/libnvidia-container/stable/deb",
         description="NVIDIA's toolkit apt repo; `/<dpkg arch>/` is appended", pattern=r"^(https?|file)://\S+$",
     )
-    nvidia_toolkit_key_url: str = _key(
+    nvidia_toolkit_key_url: Url = _key(
         "https://nvidia.github.io/libnvidia-container/gpgkey", description="signing key of the toolkit repo",
         pattern=r"^(https?|file)://\S+$",
     )
@@ -58,13 +58,13 @@ class ContainerRuntimeKeys(ComponentKeys):
         True, description="generate CDI specs without `additionalGids` (Podman < 5.1 cannot read them; toolkit >= 1.19 "
         "adds them otherwise)",
     )
-    cdi_spec_path: AbsPath = _key(
+    cdi_spec_path: CdiSpecFile = _key(
         "/var/run/cdi/nvidia.yaml", description="the one CDI spec, written by the toolkit's nvidia-cdi-refresh unit"
     )
     registries: list[Registry] = _key(
         [], description="registries.conf.d entries: `{prefix, location, insecure, mirrors: [{location, insecure}]}`"
     )
-    registry_auth_file: AbsPath | None = _key(
+    registry_auth_file: ControlSecret | None = _key(
         None, description="control-node path of a registry auth.json (outside the repo, mode 0600); copied to the "
         "node 0600, never printed",
     )
@@ -72,6 +72,13 @@ class ContainerRuntimeKeys(ComponentKeys):
     @model_validator(mode="after")
     def _toolkit_has_cdi_refresh(self) -> ContainerRuntimeKeys:
         from packaging.version import Version
+
+        for name in self.nvidia_toolkit_packages:
+            if not DEB_PACKAGE.fullmatch(name):
+                raise KeyRuleError("nvidia_toolkit_packages", name,
+                                   "Debian package names (no version: nvidia_toolkit_version pins it)")
+        if not self.nvidia_toolkit_packages:
+            raise KeyRuleError("nvidia_toolkit_packages", [], "at least one package")
 
         if Version(self.nvidia_toolkit_version.split("-")[0]) < Version("1.18"):
             raise KeyRuleError("nvidia_toolkit_version", self.nvidia_toolkit_version,

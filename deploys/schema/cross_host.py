@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,41 @@ def cluster_problems(configs: dict[str, NodeConfig]) -> list[Problem]:
     return problems
 
 
+# An inventory name: a host name or address (it becomes a folder of `deploys.render`, an rsync and ssh
+# destination), or a pyinfra connector's (`@local`, `@docker/NAME`). Never a path, an option or shell syntax.
+HOST_NAME = re.compile(r"@[a-z]+(/[A-Za-z0-9][A-Za-z0-9._:@-]*)?|[A-Za-z0-9][A-Za-z0-9._:@-]*")
+SSH_HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+SSH_USER = re.compile(r"[A-Za-z_][A-Za-z0-9._-]*")
+
+
+def ssh_port(data: dict[str, Any]) -> int | None:
+    """The host's SSH port as a number (22 when unset), or None when it is not one."""
+    port = data.get("ssh_port")
+    if port is None:
+        return 22
+    if isinstance(port, bool) or not isinstance(port, (int, str)) or not str(port).isdigit():
+        return None
+    return int(port) if 1 <= int(port) <= 65535 else None
+
+
+def connection_problems(hosts: dict[str, dict[str, Any]]) -> list[Problem]:
+    """The inventory name and pyinfra's connection keys the toolkit reads too (rsync and ssh destinations,
+    the render folder): each a name, address, port or user, never a path, an option or shell syntax."""
+    problems = []
+    for name, data in hosts.items():
+        if not HOST_NAME.fullmatch(name):
+            problems.append(Problem(name, "(host name)", name, "a host name or address: letters, digits and . _ : @ - "
+                                    "(no '/', '..', spaces or a leading '-'), or a pyinfra connector's @name"))
+        if ssh_port(data) is None:
+            problems.append(Problem(name, "ssh_port", data.get("ssh_port"), "a port number from 1 to 65535"))
+        for key, pattern, what in (("ssh_hostname", SSH_HOSTNAME, "a host name or IP address"),
+                                   ("ssh_user", SSH_USER, "a user name")):
+            value = data.get(key)
+            if value is not None and not (isinstance(value, str) and pattern.fullmatch(value)):
+                problems.append(Problem(name, key, value, f"{what} (letters, digits and . _ - only; no leading '-')"))
+    return problems
+
+
 def machine_problems(hosts: dict[str, dict[str, Any]]) -> list[Problem]:
     """One machine (SSH address and port) under two inventory names would get two services on one port."""
     by_machine: dict[tuple[str, int], list[str]] = defaultdict(list)
@@ -101,7 +137,7 @@ def machine_problems(hosts: dict[str, dict[str, Any]]) -> list[Problem]:
         if name.startswith("@"):
             continue
         address = str(data.get("ssh_hostname") or name).lower().rstrip(".")
-        by_machine[(address, int(data.get("ssh_port") or 22))].append(name)
+        by_machine[(address, ssh_port(data) or 0)].append(name)
     return [
         Problem(name, "ssh_hostname", address,
                 f"one inventory name per machine ({address}:{port} is also {', '.join(n for n in names if n != name)})")
@@ -152,7 +188,7 @@ def validate_hosts(hosts: dict[str, dict[str, Any]], deployed: set[str] | None =
         problems += errs
         if cfg is not None:
             configs[name] = cfg
-    problems += machine_problems(hosts)
+    problems += connection_problems(hosts) + machine_problems(hosts)
     if not problems:
         problems = cluster_problems(configs)
     if problems:

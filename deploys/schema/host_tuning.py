@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from deploys.schema.base import AbsPath, ComponentKeys, EnvMap, _key
+from deploys.schema.base import ComponentKeys, EnvMap, FabricEnvFile, _key
 from deploys.schema.problems import KeyRuleError
 
 
@@ -23,7 +23,7 @@ class HostTuningKeys(ComponentKeys):
         {},
         description="UCX_*/NCCL_* settings written to `fabric_env_file` (e.g. `UCX_MEM_MMAP_HOOK_MODE`, `NCCL_IB_HCA`)",
     )
-    fabric_env_file: AbsPath = _key(
+    fabric_env_file: FabricEnvFile = _key(
         "/etc/inference-nodes/fabric.env", description="env file the service reads for the fabric settings"
     )
     kv_offload_gib: float = _key(

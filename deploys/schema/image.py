@@ -27,6 +27,11 @@ class ImageKeys(ComponentKeys):
     def _pinned(self) -> ImageKeys:
         if "@" in self.image:
             raise KeyRuleError("image", self.image, "a reference without '@digest' (put the digest in image_digest)")
+        registry = self.image.split("/", 1)[0]
+        if "/" not in self.image or not ("." in registry or ":" in registry or registry == "localhost"):
+            raise KeyRuleError("image", self.image, "a fully qualified reference starting with its registry "
+                               "(`registry.example/name:tag`, `docker.io/library/name`): a short name is resolved "
+                               "through the node's search registries, and Quadlet warns about it")
         if self.image_digest is not None and not DIGEST.fullmatch(self.image_digest):
             raise KeyRuleError("image_digest", self.image_digest, "'sha256:' followed by 64 lower-case hex digits")
         if self.image_digest is None and not self.allow_unpinned_image:

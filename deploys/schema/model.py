@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from deploys.schema.base import HEX40, AbsPath, ComponentKeys, _key
+from deploys.schema.base import HEX40, ComponentKeys, ControlDir, ControlSecret, HubVenv, OwnedDir, Url, _key
 from deploys.schema.problems import KeyRuleError
 
 
@@ -19,7 +19,7 @@ class ModelKeys(ComponentKeys):
         description="hub repository id (`org/name`)", pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$"
     )
     model_revision: str = _key(description="the pinned 40-hex commit of `model_repo` (never a branch or tag)")
-    model_root: AbsPath = _key(
+    model_root: OwnedDir = _key(
         description="directory holding the snapshot: the HF cache root (`hf_cache`) or the files themselves (`plain`)"
     )
     model_layout: Literal["hf_cache", "plain"] = _key(
@@ -43,17 +43,17 @@ class ModelKeys(ComponentKeys):
         description="`hub`: each node downloads with huggingface_hub; `push`: the control node downloads once, "
         "verifies, rsyncs what each node lacks; `present`: only verify",
     )
-    model_hub_venv: AbsPath = _key(
+    model_hub_venv: HubVenv = _key(
         "/opt/inference-nodes/hub-venv",
         description="venv the `hub` mode manages on the node (the pinned huggingface_hub, wheels pushed from the "
         "control node)",
     )
-    model_hub_endpoint: str = _key("https://huggingface.co", description="hub URL (HF_ENDPOINT)",
+    model_hub_endpoint: Url = _key("https://huggingface.co", description="hub URL (HF_ENDPOINT)",
                                    pattern=r"^https?://\S+$")
-    model_hub_token_file: AbsPath | None = _key(
+    model_hub_token_file: ControlSecret | None = _key(
         None, description="control-node file holding a hub token (outside the repo, 0600); never printed"
     )
-    model_control_cache: AbsPath = _key(
+    model_control_cache: ControlDir = _key(
         "/var/cache/inference-nodes/hub", description="control-node HF cache the `push` mode downloads into"
     )
     model_rsync_streams: int = _key(4, description="parallel rsync streams per node in `push` mode", ge=1, le=16)

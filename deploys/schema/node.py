@@ -11,7 +11,7 @@ import re
 
 from pydantic import model_validator
 
-from deploys.schema.base import SYSTEM_DIRS, ComponentKeys, is_loopback_host
+from deploys.schema.base import ComponentKeys, is_loopback_host
 from deploys.schema.cluster import ClusterKeys
 from deploys.schema.container import ContainerKeys
 from deploys.schema.container_runtime import ContainerRuntimeKeys
@@ -47,10 +47,31 @@ class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKey
             if inside(path, self.model_dir) or inside(self.model_dir, path):
                 raise KeyRuleError(key, path, f"a directory outside the model directory {self.model_dir} (it is "
                                    "mounted writable)")
-            if path in SYSTEM_DIRS:
-                raise KeyRuleError(key, path, "a directory of its own, not a system directory")
         if len(dirs) == 2 and (inside(dirs[0][1], dirs[1][1]) or inside(dirs[1][1], dirs[0][1])):
             raise KeyRuleError("container_tmp_dir", dirs[1][1], f"a directory apart from jit_cache_dir ({dirs[0][1]})")
+        return self
+
+    @model_validator(mode="after")
+    def _owned_paths_apart(self) -> NodeConfig:
+        """The directories the toolkit owns on the node neither coincide nor nest: the sync deletes what the
+        manifest does not list in the model directory, `venv --clear` empties the hub venv, and the JIT and
+        tmp directories are writable from the container (a writable venv or env file there would let the
+        container change what root runs next). The one nesting that is the point: in the `hf_cache` layout the
+        JIT and tmp directories may sit beside the repo's cache folder inside `model_root` (deployment A)."""
+        owned = [("model_root", self.model_root), ("model_hub_venv", self.model_hub_venv),
+                 ("jit_cache_dir", self.jit_cache_dir), ("container_tmp_dir", self.container_tmp_dir),
+                 ("fabric_env_file", self.fabric_env_file)]
+        owned = [(k, p) for k, p in owned if p]
+        for i, (key, path) in enumerate(owned):
+            for other_key, other in owned[:i]:
+                if not (inside(path, other) or inside(other, path)):
+                    continue
+                if (other_key == "model_root" and key in ("jit_cache_dir", "container_tmp_dir")
+                        and self.model_layout == "hf_cache" and inside(path, other)
+                        and not (inside(path, self.model_dir) or inside(self.model_dir, path))):
+                    continue
+                raise KeyRuleError(key, path, f"a path apart from {other_key} ({other}): neither may contain the "
+                                   "other (the toolkit deletes from, clears or mounts each on its own terms)")
         return self
 
     @model_validator(mode="after")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import model_validator
 
-from deploys.schema.base import AbsPath, ComponentKeys, _key
+from deploys.schema.base import DEB_PACKAGE, ComponentKeys, ReadOnlyRoot, Url, _key
 from deploys.schema.problems import KeyRuleError
 
 
@@ -24,12 +23,12 @@ class NvidiaDriverKeys(ComponentKeys):
     nvidia_driver_packages: list[str] | None = _key(
         None, description="packages to install; unset = the source's default set for branch and flavour"
     )
-    nvidia_repo_url: str = _key(
+    nvidia_repo_url: Url = _key(
         "https://developer.download.nvidia.com/compute/cuda/repos",
         description="base of NVIDIA's CUDA apt repo; `/<distro>/<arch>/` (e.g. `ubuntu2404/sbsa`) is appended",
         pattern=r"^(https?|file)://\S+$",
     )
-    nvidia_repo_key_url: str = _key(
+    nvidia_repo_key_url: Url = _key(
         "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/3bf863cc.pub",
         description="signing key of the CUDA repo, fetched on the node and checked against the fingerprint",
         pattern=r"^(https?|file)://\S+$",
@@ -53,7 +52,7 @@ class NvidiaDriverKeys(ComponentKeys):
         "package for it and the metapackages that would bring the next kernel (GB10 profiles: `running`)",
         pattern=r"^(running|[0-9][0-9A-Za-z.+~-]*)$",
     )
-    nvidia_module_root: AbsPath = _key(
+    nvidia_module_root: ReadOnlyRoot = _key(
         "/", description="where `sys/module/nvidia` and `proc/driver/nvidia` are read (`/`; the sandbox's stand-in differs)"
     )
 
@@ -64,7 +63,7 @@ class NvidiaDriverKeys(ComponentKeys):
                 "nvidia_driver_packages", self.nvidia_driver_packages, "unset with nvidia_driver_source preinstalled"
             )
         for name in self.nvidia_driver_packages or []:
-            if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]+", name):
+            if not DEB_PACKAGE.fullmatch(name):
                 raise KeyRuleError("nvidia_driver_packages", name,
                                    "Debian package names (no version: the branch pins it)")
         return self

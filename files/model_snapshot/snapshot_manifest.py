@@ -17,6 +17,9 @@ import re
 
 # the verifier's own bookkeeping in a snapshot, never a manifest path
 STAMP_NAME = ".inference-nodes-verified.json"
+# The toolkit's mark on a model directory it owns (deploys/model_snapshot.py): the sync deletes files the
+# manifest does not list only in a directory that carries it.
+OWNER_MARKER = ".inference-nodes-owned"
 IGNORED_DIRS = {".cache"}  # huggingface_hub's local_dir metadata (at the top of the snapshot only)
 HF_METADATA = ".cache/huggingface/download"  # where it keeps a file's metadata
 MANIFEST_KEYS = {"repo", "commit", "files"}
@@ -70,7 +73,7 @@ def path_problem(rel) -> str | None:
         return f"characters outside [A-Za-z0-9._+@=,-] and '/': {odd!r}"
     if any(p.startswith("-") for p in parts):
         return "a component starting with '-' (it would read as an option)"
-    if parts[0] in IGNORED_DIRS or rel == STAMP_NAME:
+    if parts[0] in IGNORED_DIRS or rel in (STAMP_NAME, OWNER_MARKER):
         return f"{parts[0]!r}, which is the verifier's own bookkeeping"
     return None
 

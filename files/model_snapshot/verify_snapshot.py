@@ -41,17 +41,17 @@ import time
 # whichever module it is caught through, and a module left out of the install fails here, by its name.
 if __package__:
     from .snapshot_hashing import RateLimit, default_jobs, hash_file
-    from .snapshot_manifest import (IGNORED_DIRS, STAMP_NAME, link_boundary, link_problem, manifest_digest,
+    from .snapshot_manifest import (IGNORED_DIRS, OWNER_MARKER, STAMP_NAME, link_boundary, link_problem, manifest_digest,
                                     read_manifest, remove_paths, shown)
 else:
     from snapshot_hashing import RateLimit, default_jobs, hash_file
-    from snapshot_manifest import (IGNORED_DIRS, STAMP_NAME, link_boundary, link_problem, manifest_digest,
+    from snapshot_manifest import (IGNORED_DIRS, OWNER_MARKER, STAMP_NAME, link_boundary, link_problem, manifest_digest,
                                    read_manifest, remove_paths, shown)
 
 
 def list_files(root: str) -> set[str]:
-    """Every file under ``root``, relative, less the verifier's own bookkeeping (the stamp, huggingface_hub's
-    top-level .cache). A link to a directory is listed as a file, never walked into: links are checked."""
+    """Every file under ``root``, relative, less the toolkit's own bookkeeping (the stamp, the owner marker,
+    huggingface_hub's top-level .cache). A link to a directory is listed as a file, never walked into: links are checked."""
     out = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         walk = []
@@ -62,7 +62,7 @@ def list_files(root: str) -> set[str]:
                 walk.append(d)
         dirnames[:] = walk
         for name in filenames:
-            if dirpath == root and name == STAMP_NAME:
+            if dirpath == root and name in (STAMP_NAME, OWNER_MARKER):
                 continue
             out.add(os.path.relpath(os.path.join(dirpath, name), root))
     return out

@@ -53,8 +53,13 @@ def _ssh_config_block(name: str, data: dict) -> str:
 
 def load_nodes(inventory_file: str, limits: list[str]) -> list[tuple[str, NodeConfig, dict]]:
     """(name, typed config, host data) of every host the limits select (all when none)."""
+    from deploys.schema import InventoryValidationError
+
     inventory = load_inventory(inventory_file)
-    configs = inventory_configs(inventory)
+    try:
+        configs = inventory_configs(inventory)
+    except InventoryValidationError as e:  # the problems, naming host and key; never a traceback
+        raise pytest.UsageError(str(e)) from None
     selected = []
     for h in inventory:
         if limits and not any(lim in h.groups or fnmatch.fnmatch(h.name, lim) for lim in limits):

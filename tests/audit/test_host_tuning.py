@@ -51,7 +51,7 @@ def test_services_started_by_systemd_get_the_limits(node):
 
 def test_fabric_env_file(node):
     f = node.host.file(node.cfg.fabric_env_file)
-    assert f.is_file and f.user == "root" and f.group == "root" and f.mode == 0o644
+    assert f.is_file and f.user == "root" and f.group == "root" and f.mode == 0o600  # values may be secrets
     values = {}
     for line in f.content_string.splitlines():
         if line and not line.startswith("#"):

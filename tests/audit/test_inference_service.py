@@ -12,6 +12,8 @@ from deploys.inference_service import (
     container_argv,
     fingerprint,
     render_cluster,
+    render_service_env,
+    service_env_path,
     service_environment,
     started_from_path,
 )
@@ -33,6 +35,19 @@ def test_unit_installed_as_rendered(node, pytestconfig):
     f = node.host.file(f"{UNIT_DIR}/{node.cfg.container_name}.container")
     assert f.is_file and f.user == "root" and f.mode == 0o644
     assert f.content_string == _expected_unit(node, pytestconfig.getoption("inventory"))
+
+
+def test_service_environment_only_in_a_root_only_file(node, pytestconfig):
+    """service_env values may be secrets: they live in a 0600 env file, never in the world-readable unit or in
+    what `systemctl show` prints to every user."""
+    head, nodes = _cluster(node, pytestconfig)
+    f = node.host.file(service_env_path(node.cfg))
+    assert f.is_file and (f.user, f.group, f.mode) == ("root", "root", 0o600)
+    assert f.content_string == render_service_env(node.cfg, head, nodes)
+    shown = node.host.check_output(f"systemctl show -p Environment {node.cfg.container_name}.service")
+    unit = node.host.file(f"{UNIT_DIR}/{node.cfg.container_name}.container").content_string
+    for key, value in node.cfg.service_env.items():
+        assert f"{key}={value}" not in shown and f"{key}={value}" not in unit, key
 
 
 def test_generated_service_running_behind_the_gate(node):
@@ -68,7 +83,8 @@ def test_running_container_is_the_rendered_one(node, pytestconfig):
     head, nodes = _cluster(node, pytestconfig)
     unit = _expected_unit(node, pytestconfig.getoption("inventory"))
     started = node.host.run(f"cat {started_from_path(node.cfg)}").stdout.split()
-    assert started[:1] == [fingerprint(unit, node.cfg)], "the service was started from another unit or fabric env"
+    assert started[:1] == [fingerprint(unit, node.cfg, head, nodes)], \
+        "the service was started from another unit or env file"
     stamp_now = node.host.run(f"sha256sum < {STAMP}").stdout.split()[:1]
     assert started[1:2] == stamp_now, "the service was started from another verified snapshot (repaired since)"
     inspect = node.host.run(f"podman container inspect --format json {node.cfg.container_name}")

@@ -10,6 +10,8 @@ from deploys.inference_service import (
     allowed_container_keys,
     keys_outside_allow_list,
     render_cluster,
+    render_service_env,
+    service_env_path,
     unit_sections,
 )
 import tempfile
@@ -20,6 +22,15 @@ from files.inference_service.roce_gid import find_gid
 
 LAB = inventory_configs(load_inventory(lab_filled_in(tempfile.mkdtemp())))  # C with its gaps set
 UNITS = render_cluster(LAB)
+
+
+def service_env(host: str) -> dict[str, str]:
+    """The host's rendered service env file, read as Podman's --env-file reads it (verbatim after the `=`)."""
+    from deploys.schema import cluster_of
+
+    cluster = cluster_of(LAB, host)
+    text = render_service_env(LAB[host], cluster.head, cluster.size)
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
 
 
 @pytest.mark.parametrize("host", sorted(UNITS))
@@ -58,7 +69,10 @@ def test_golden_deployment_a():
     assert values("PodmanArgs") == ["--ipc=host --privileged --ulimit memlock=-1:-1 --ulimit nofile=1048576:1048576 "
                                     "--ulimit stack=67108864:67108864"]
     assert values("ShmSize") == [] and values("Ulimit") == []
-    env = dict(v.split("=", 1) for v in values("Environment"))
+    assert values("Environment") == [], "no values in the world-readable unit"
+    assert values("EnvironmentFile") == ["/etc/inference-nodes/fabric.env",
+                                         service_env_path(LAB["rtx-pro-a.lab.example"])]  # the service's last: it wins
+    env = service_env("rtx-pro-a.lab.example")
     write_up = {"BACKEND": "b12x-a8", "CUDA_VISIBLE_DEVICES": "0,1", "DCP_SIZE": "1", "DSPARK_DEPTH_MODE": "fixed",
                 "DSPARK_TOKENS": "5", "GPU_MEMORY_UTILIZATION": "0.975", "INSTANTTENSOR_BACKEND": "BUFFERED",
                 "KV_OFFLOADING_SIZE": "8", "LOAD_FORMAT": "instanttensor", "MAX_MODEL_LEN": "262144",
@@ -83,7 +97,7 @@ def test_golden_deployment_a():
 def test_two_node_units_carry_the_whole_launch_contract():
     head = dict(unit_sections(UNITS["gb10-b0.lab.example"]))
     worker = dict(unit_sections(UNITS["gb10-b1.lab.example"]))
-    env = lambda u: dict(v.split("=", 1) for k, v in u["Container"] if k == "Environment")  # noqa: E731
+    env = lambda u: service_env("gb10-b0.lab.example" if u is head else "gb10-b1.lab.example")  # noqa: E731
     argv = lambda u: shlex.split(dict(u["Container"])["Exec"])  # noqa: E731
     common = ["vllm", "serve", "/models", "--served-model-name", "deepseek-v4-flash-0731", "--tensor-parallel-size", "2",
               "--nnodes", "2"]

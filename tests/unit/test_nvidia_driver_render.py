@@ -54,7 +54,7 @@ def test_an_arm64_cuda_repo_profile_renders_the_sbsa_source():
 
     cfg = NodeConfig.model_validate({
         "cluster_name": "x", "node_arch": "aarch64", "gpu_indices": [0], "tensor_parallel_size": 1,
-        "model_repo": "a/b", "model_revision": "0" * 40, "model_root": "/m", "image": "i", "allow_unpinned_image": True,
+        "model_repo": "a/b", "model_revision": "0" * 40, "model_root": "/m", "image": "registry.example/i", "allow_unpinned_image": True,
         "nvidia_driver_source": "cuda_repo",
     })
     source = host_files(cfg, cfg, 1, [cfg])["/etc/apt/sources.list.d/inference-nodes-nvidia-cuda.sources"]

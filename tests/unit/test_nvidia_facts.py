@@ -109,7 +109,7 @@ def test_nvidia_smi_mismatch_is_reported_not_raised():
 def test_preflight_refuses_a_gpu_index_nvidia_smi_does_not_list():
     cfg = NodeConfig.model_validate({
         "cluster_name": "x", "node_arch": "x86_64", "gpu_indices": [0, 1], "tensor_parallel_size": 2,
-        "model_repo": "a/b", "model_revision": "0" * 40, "model_root": "/m", "image": "i", "allow_unpinned_image": True,
+        "model_repo": "a/b", "model_revision": "0" * 40, "model_root": "/m", "image": "registry.example/i", "allow_unpinned_image": True,
     })
     res = {"arch": "x86_64", "disk_free_bytes": 10**12, "model_present_bytes": 0, "disk_path": "/"}
     smi = NvidiaSmiGpus().process(smi_output(REAL / "nvidia-smi-query.csv"))
