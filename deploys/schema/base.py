@@ -183,8 +183,17 @@ CONTROL_DIR = PathKind("control_dir", "an absolute control-node directory of its
                        lambda p: owned_dir_problem(p, tuple(t for t in FORBIDDEN_TREES if t not in ("/tmp", "/var/tmp")))
                        or (f"a directory below {p}, not {p} itself" if p in ("/tmp", "/var/tmp") else None))
 # Files the toolkit writes whole as root, each under its own folder.
-FABRIC_ENV_FILE = PathKind("env_file", "a file under `/etc/inference-nodes/` (written 0600 as root)",
-                           _under_one_of("/etc/inference-nodes", what="a file"))
+def _fabric_env_file_check(path: str) -> str | None:
+    if why := _under_one_of("/etc/inference-nodes", what="a file")(path):
+        return why
+    if not path.endswith(".env") or path.endswith(".service.env") or _under(path, "/etc/inference-nodes/secrets"):
+        return ("a `.env` file of its own under /etc/inference-nodes/ (not in secrets/, not `*.service.env`: the "
+                "toolkit's own files)")
+    return None
+
+
+FABRIC_ENV_FILE = PathKind("env_file", "a `.env` file under `/etc/inference-nodes/` (not in `secrets/`, not "
+                           "`*.service.env`); written 0600 as root", _fabric_env_file_check)
 CDI_SPEC_FILE = PathKind("cdi_spec", "a `.yaml` or `.json` file under `/etc/cdi/` or `/var/run/cdi/` (CDI's spec dirs)",
                          lambda p: _under_one_of("/etc/cdi", "/var/run/cdi", "/run/cdi", what="a file")(p)
                          or (None if p.endswith((".yaml", ".json")) else "a .yaml or .json file name"))

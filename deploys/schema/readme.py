@@ -6,20 +6,87 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
+
+from pydantic.fields import FieldInfo
 
 from deploys.schema.node import COMPONENT_KEYS
 
 
+# Keys whose values may be secrets under harmless names: written only to root-only (0600) files.
+PRIVATE_VALUE_KEYS = {"service_env": "the service's env file", "fabric_env": "`fabric_env_file`"}
+# Keys that reach the service's command line (the unit file and `ps`, readable by every user).
+COMMAND_LINE_KEYS = ("vllm_command", "vllm_args", "container_exec")
+
+
+NAMED_TYPES = {"_url": "a URL without credentials or quotes", "_env_map": "a map of variable names (none named like a "
+               "secret) to values"}
+
+
+def allowed_form(name: str, field: FieldInfo) -> str:
+    """What ``field`` accepts, from its type and constraints: the README's "allowed" column."""
+    import annotated_types as at
+
+    from deploys.schema.base import PathKind, path_kind
+
+    parts = []
+    funcs = [getattr(m, "func", None) for m in field.metadata]  # pydantic moves a bare Annotated's metadata here
+    kind = path_kind(field.annotation) or next((f for f in funcs if isinstance(f, PathKind)), None)
+    named = next((NAMED_TYPES[f.__name__] for f in funcs if getattr(f, "__name__", "") in NAMED_TYPES), None)
+    parts.append(kind.rule if kind else named or _type_words(field.annotation))
+    for meta in field.metadata:
+        pattern = getattr(meta, "pattern", None)
+        if pattern:
+            parts.append(f"matching `{pattern}`".replace("|", "\\|"))
+        for cls, attr, word in ((at.Ge, "ge", ">="), (at.Gt, "gt", ">"), (at.Le, "le", "<="), (at.Lt, "lt", "<"),
+                                (at.MinLen, "min_length", "length >=")):
+            if isinstance(meta, cls):
+                parts.append(f"{word} {getattr(meta, attr)}")
+    if name in PRIVATE_VALUE_KEYS:
+        parts.append(f"values may be secrets: written only to {PRIVATE_VALUE_KEYS[name]} (0600, root), never a unit")
+    if name in COMMAND_LINE_KEYS:
+        parts.append("no secret-looking word, no word that is exactly `;`, no empty word")
+    return "; ".join(parts)
+
+
+def _type_words(annotation) -> str:
+    import typing
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is bool:
+        return "`true` or `false`"
+    if annotation is int:
+        return "a whole number"
+    if annotation is float:
+        return "a number"
+    if annotation is str:
+        return "text"
+    if origin is typing.Literal:
+        return "one of " + ", ".join(f"`{a}`" for a in args)
+    if origin is typing.Annotated:
+        meta = getattr(annotation, "__metadata__", ())
+        doc = next((getattr(m, "func").__doc__ for m in meta if getattr(getattr(m, "func", None), "__doc__", None)), "")
+        return NAMED_TYPES.get(getattr(getattr(meta[0], "func", None), "__name__", ""), "") or _type_words(args[0]) or doc
+    if origin in (list, tuple):
+        return f"a list of {_type_words(args[0]).removeprefix('a ').removeprefix('an ')}" if args else "a list"
+    if origin is dict:
+        return "a map"
+    if origin in (typing.Union, types.UnionType):
+        words = [_type_words(a) for a in args if a is not type(None)]
+        return " or ".join(words) + (" or `null`" if type(None) in args else "")
+    return getattr(annotation, "__name__", str(annotation))
+
+
 def markdown_table() -> str:
-    lines = ["| key | default | meaning |", "|---|---|---|"]
+    lines = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
     for component, keys in COMPONENT_KEYS.items():
         for name, field in keys.model_fields.items():
             if name not in keys.__annotations__:
                 continue
             default = "*required*" if field.is_required() else f"`{_fmt_default(field.default)}`"
             desc = (field.description or "").replace("|", "\\|")
-            lines.append(f"| `{name}` ({component}) | {default} | {desc} |")
+            lines.append(f"| `{name}` ({component}) | {default} | {allowed_form(name, field)} | {desc} |")
     return "\n".join(lines)
 
 

@@ -30,11 +30,12 @@ def test_quadlet_generator_accepts_every_rendered_unit(sandbox, tmp_path):
 
 
 def test_generated_exec_start_runs_exactly_the_rendered_command_line(sandbox, tmp_path):
-    """What Podman's generator makes of Exec=, Environment= and HealthCmd= (systemd's quoting is the
-    renderer's job): the image is followed by exactly the rendered vLLM command line."""
+    """What Podman's generator makes of Exec=, EnvironmentFile= and HealthCmd= (systemd's quoting is the
+    renderer's job): the image is followed by exactly the rendered vLLM command line, and the environment
+    comes only from the env files, the service's own last."""
     import shlex
 
-    from deploys.inference_service import container_argv, service_environment
+    from deploys.inference_service import container_argv, service_env_path
     from deploys.schema import cluster_head, clusters
 
     configs = inventory_configs(load_inventory(lab_filled_in(tmp_path)))
@@ -52,9 +53,9 @@ def test_generated_exec_start_runs_exactly_the_rendered_command_line(sandbox, tm
         argv = shlex.split(start.removeprefix("ExecStart="))
         image = argv.index(cfg.image_ref)
         assert argv[image + 1:] == container_argv(cfg, head, n), host
-        envs = [argv[i + 1] for i, a in enumerate(argv) if a == "--env"]
-        for key, value in service_environment(cfg, head, n).items():
-            assert f"{key}={value}" in envs, (host, key)
+        assert "--env" not in argv[:image], "no value in the world-readable unit"
+        env_files = [argv[i + 1] for i, a in enumerate(argv[:image]) if a == "--env-file"]
+        assert env_files[0] == cfg.fabric_env_file and env_files[-1] == service_env_path(cfg), env_files
         if cfg.node_rank > 0:
             probe = argv[argv.index("--health-cmd") + 1]
             assert probe == "python3 /run/inference-nodes-job-probe.py --port 29500 --role worker"
@@ -84,12 +85,14 @@ def _hostile_configs(tmp_path):
 
 
 def test_hostile_values_reach_the_process_exactly_as_written(sandbox, tmp_path):
-    """The escaping writer proven end to end: each unit goes through Podman's Quadlet generator, then systemd
+    """The escaping writers proven end to end: each unit goes through Podman's Quadlet generator, then systemd
     itself runs the generated ExecStart= (podman swapped for a program that records its argv). The recorded
-    argv holds exactly the intended vLLM arguments after the image and exactly the intended variables."""
+    argv holds exactly the intended vLLM arguments after the image; the environment is only named (env files).
+    Then the real Podman reads each rendered service env file into a container: exactly the intended
+    variables, hostile values included."""
     import json
 
-    from deploys.inference_service import container_argv, service_environment
+    from deploys.inference_service import container_argv, render_service_env, service_env_path, service_environment
     from deploys.schema import cluster_head, clusters
 
     configs = _hostile_configs(tmp_path)
@@ -118,6 +121,17 @@ def test_hostile_values_reach_the_process_exactly_as_written(sandbox, tmp_path):
         assert argv[0] == "run", argv[:3]
         image = argv.index(cfg.image_ref)
         assert argv[image + 1:] == container_argv(cfg, head, n), host
-        envs = [argv[i + 1] for i, a in enumerate(argv[:image]) if a == "--env"]
-        assert sorted(envs) == sorted(f"{k}={v}" for k, v in service_environment(cfg, head, n).items()), host
-        assert not any(e.startswith("LD_PRELOAD=") for e in envs)
+        assert "--env" not in argv[:image], host
+        env_files = [argv[i + 1] for i, a in enumerate(argv[:image]) if a == "--env-file"]
+        assert env_files[-1] == service_env_path(cfg), host
+        # the real Podman reads the env file as the service's would be read (the sandbox image, any name)
+        image_ref = inventory_configs(load_inventory("inventories/sandbox.py"))["sandbox-a"].image_ref
+        read = ("set -e; f=$(mktemp); cat > $f <<'ENV'\n" + render_service_env(cfg, head, n) + "ENV\n"
+                f"podman run --rm --pull=never --network=host --env-file $f --entrypoint python3 {image_ref} -c "
+                "'import json, os; print(json.dumps(dict(os.environ)))'; rm -f $f")
+        proc = subprocess.run([NODE_SH, "ssh", sandbox[0], read], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        env = json.loads(proc.stdout.strip().splitlines()[-1])
+        expected = service_environment(cfg, head, n)
+        assert {k: env.get(k) for k in expected} == expected, host
+        assert "LD_PRELOAD" not in env

@@ -170,8 +170,11 @@ def test_a_flag_the_images_vllm_refuses_fails_the_host_and_keeps_the_service(san
 def test_a_hand_edited_unit_is_restored_and_the_service_restarted(sandbox):
     node = "sandbox-a"
     unit = "/etc/containers/systemd/grandpa.container"
-    edit = f"sed -i 's/^Environment=MAX_NUM_SEQS=2$/Environment=MAX_NUM_SEQS=1/' {unit}"
-    assert on_node(node, f"{edit} && grep -q MAX_NUM_SEQS=1 {unit} && systemctl daemon-reload && "
+    env_file = "/etc/inference-nodes/grandpa.service.env"
+    # the unit names the env file last; a hand-added one after it overrides MAX_NUM_SEQS
+    edit = (f"printf 'MAX_NUM_SEQS=1\\n' > /run/hand.env && "
+            f"sed -i 's|^EnvironmentFile={env_file}$|&\\nEnvironmentFile=/run/hand.env|' {unit}")
+    assert on_node(node, f"{edit} && grep -q hand.env {unit} && systemctl daemon-reload && "
                          f"systemctl restart {UNITS[node]}").returncode == 0
     edited = container_id(node)
     audit = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "tests/audit", "--inventory", INVENTORY,
