@@ -54,8 +54,9 @@ OWNER_TEXT = ("Managed by inference-nodes: this directory holds one model snapsh
 
 
 def owner_commands(dest_dir: str, extra: list[str], owned: bool):
-    """The model directory is the toolkit's before anything in it is deleted: it carries the owner marker, or
-    holds nothing the manifest does not list (then it is marked now: absent, empty, or the snapshot alone).
+    """The model directory is the toolkit's before anything in it is deleted or fetched: it carries the owner
+    marker, or holds nothing the manifest does not list (then it is marked now: absent, empty, or the snapshot
+    alone; a converge with nothing to fetch writes nothing).
     A directory with other files and no marker (`model_root` pointed at a shared one) fails the host with
     nothing deleted. Yields the commands (the marker write, or the failure)."""
     if owned:
@@ -101,13 +102,6 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
         result = host.get_fact(ModelVerification, verifier=VERIFIER, manifest=MANIFEST, snapshot_dir=snapshot_dir,
                                stamp=STAMP, record=RECORD, full=node_config().model_verify_full)
         model_fanout.record_verdict(host.name, result)
-    if wave == 0:  # the first of a node's sync operations: the directory is the toolkit's before anything else
-        marker = owner_marker(dest_dir)
-        owned = host.get_fact(ManagedFiles, paths=batch if marker in batch else (marker,)).get(marker) is not None
-        commands = list(owner_commands(dest_dir, result.get("extra", []), owned))
-        yield from commands
-        if commands and not owned and result.get("extra"):
-            return  # the host failed
     if result.get("ok"):
         host.noop(f"{result['files']} files verified ({result['mode']}), {result['manifest_digest']}")
         return
@@ -132,6 +126,12 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
         return
     logger.info(f"{host.name}: model snapshot needs {len(refetch)} file(s) ({needed} bytes): "
                 f"{'; '.join(problems[:10])}")
+    # the directory is the toolkit's before anything in it is deleted or written
+    marker = owner_marker(dest_dir)
+    owned = host.get_fact(ManagedFiles, paths=batch if marker in batch else (marker,)).get(marker) is not None
+    yield from owner_commands(dest_dir, extra, owned)
+    if not owned and extra:
+        return  # the host failed, nothing deleted
     stale = sorted(set(refetch) | set(extra))
     if stale:  # bad files (the cache layout's blobs, local_dir metadata too) go before the fetch, never
         # through a link out of the snapshot (the verifier's remove_paths)

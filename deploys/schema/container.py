@@ -13,11 +13,8 @@ from pydantic import model_validator
 
 from deploys.schema.base import (HEX40, SYSTEM_DIRS, ComponentKeys, ContainerPath, DevicePath, EnvMap, OwnedDir,
                                  ReadOnlyRoot, _key)
-from deploys.schema.problems import KeyRuleError, looks_secret
+from deploys.schema.problems import URL_CREDENTIALS, KeyRuleError, looks_secret
 from deploys.unit_text import LONE_SEMICOLON
-
-# `scheme://user:password@host`: credentials in a URL given as an argument
-URL_CREDENTIALS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@]+@")
 from files.model_snapshot.snapshot_manifest import inside  # one definition of "at or below"
 
 

@@ -26,6 +26,8 @@ _TOKEN = re.compile(
     r"|(?<![A-Za-z0-9+=])(?=[A-Za-z0-9+=]*[a-z])(?=[A-Za-z0-9+=]*[A-Z])(?=[A-Za-z0-9+=]*[0-9])[A-Za-z0-9+=]{32,}"
 )
 HIDDEN = "<hidden: looks like a secret>"
+# `scheme://user:password@host`: the credentials of a URL (shown as `scheme://<hidden>@host`)
+URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
 
 
 def looks_secret(text: str) -> bool:
@@ -50,7 +52,7 @@ class _Hidden(str):
 
 def _redacted(value: Any) -> Any:
     if isinstance(value, str):
-        return _Hidden() if looks_secret(value) else value
+        return _Hidden() if looks_secret(value) else URL_CREDENTIALS.sub(r"\1<hidden>@", value)
     if isinstance(value, dict):
         return {k: (_Hidden() if SECRET_NAME.fullmatch(str(k)) else _redacted(v)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

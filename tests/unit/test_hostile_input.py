@@ -398,3 +398,271 @@ def test_a_bad_manifest_is_named_never_a_traceback(tmp_path, content, expected):
     msg = str(err.value)
     assert f"host node-a: key 'model_manifest' = '{path}': expected a valid manifest (manifest {path}" in msg
     assert expected in msg
+
+
+# --------------------------------------------------------------------------------------------------
+# Careless values that would wreck a node as root (path kinds, package names, a lone `;`, host names,
+# secrets under harmless names, values that crashed validation). Each is refused naming host and key.
+
+OWN = "a directory of its own"
+CLI = dict(vllm_launch="cli", container_exec=None)
+CARELESS: list[tuple[str, dict, str, str]] = [
+    # --- directories the sync deletes from, `venv --clear` empties, or a root container mounts writable
+    ("model_root /usr", node_a(model_root="/usr"), "model_root", OWN),
+    ("model_root /home", node_a(model_root="/home"), "model_root", OWN),
+    ("model_root /srv", node_a(model_root="/srv"), "model_root", OWN),
+    ("model_root /", node_a(model_root="/"), "model_root", OWN),
+    ("model_root a home dir", node_a(model_root="/home/ops"), "model_root", OWN),
+    ("model_root /root", node_a(model_root="/root"), "model_root", OWN),
+    ("model_root /opt", node_a(model_root="/opt"), "model_root", OWN),
+    ("model_root /mnt", node_a(model_root="/mnt"), "model_root", OWN),
+    ("model_root /var/lib", node_a(model_root="/var/lib"), "model_root", OWN),
+    ("model_root under /etc", node_a(model_root="/etc/models"), "model_root", "outside /etc"),
+    ("model_root under /usr/local", node_a(model_root="/usr/local/models"), "model_root", "outside /usr"),
+    ("model_root under /boot", node_a(model_root="/boot/m"), "model_root", "outside /boot"),
+    ("model_root /var/lib/dpkg", node_a(model_root="/var/lib/dpkg/info"), "model_root", "outside /var/lib/dpkg"),
+    ("model_root podman storage", node_a(model_root="/var/lib/containers/storage"), "model_root", "outside /var/lib/containers"),
+    ("model_root toolkit state", node_a(model_root="/var/lib/inference-nodes"), "model_root", "outside /var/lib/inference-nodes"),
+    ("model_root in /tmp", node_a(model_root="/tmp/models"), "model_root", "outside /tmp"),
+    ("model_root in /run", node_a(model_root="/run/models"), "model_root", "outside /run"),
+    ("model_root a user's .ssh", node_a(model_root="/home/ops/.ssh/models"), "model_root", "credentials"),
+    ("model_root plain /srv", pair_b({"model_root": "/srv"}, {"model_root": "/srv"}), "model_root", OWN),
+    ("hub venv /etc", node_a(model_hub_venv="/etc"), "model_hub_venv", "under /opt/inference-nodes/"),
+    ("hub venv /usr/local", node_a(model_hub_venv="/usr/local"), "model_hub_venv", "under /opt/inference-nodes/"),
+    ("hub venv its root", node_a(model_hub_venv="/opt/inference-nodes"), "model_hub_venv", "under /opt/inference-nodes/"),
+    ("hub venv /opt/venv", node_a(model_hub_venv="/opt/venv"), "model_hub_venv", "under /opt/inference-nodes/"),
+    ("hub venv inside model_root", node_a(model_root="/opt/inference-nodes/models", model_hub_venv="/opt/inference-nodes/models/venv"), "model_hub_venv", "apart from model_root"),
+    ("fabric_env_file /etc/passwd", node_a(fabric_env_file="/etc/passwd"), "fabric_env_file", "under /etc/inference-nodes/"),
+    ("fabric_env_file a unit", node_a(fabric_env_file="/etc/systemd/system/ssh.service"), "fabric_env_file", "under /etc/inference-nodes/"),
+    ("fabric_env_file limits file", node_a(fabric_env_file="/etc/security/limits.d/90-inference-nodes.conf"), "fabric_env_file", "under /etc/inference-nodes/"),
+    ("fabric_env_file the manifest", node_a(fabric_env_file="/etc/inference-nodes/model-manifest.json"), "fabric_env_file", "a `.env` file of its own"),
+    ("fabric_env_file the service env", node_a(fabric_env_file="/etc/inference-nodes/grandpa.service.env"), "fabric_env_file", "a `.env` file of its own"),
+    ("fabric_env_file a secret", node_a(fabric_env_file="/etc/inference-nodes/secrets/hf.env"), "fabric_env_file", "a `.env` file of its own"),
+    ("jit dir /tmp", node_a(jit_cache_dir="/tmp"), "jit_cache_dir", "outside /tmp"),
+    ("jit dir /dev/shm", node_a(jit_cache_dir="/dev/shm"), "jit_cache_dir", "outside /dev"),
+    ("jit dir /root/.ssh", node_a(jit_cache_dir="/root/.ssh"), "jit_cache_dir", "credentials"),
+    ("jit dir /usr/local/bin", node_a(jit_cache_dir="/usr/local/bin"), "jit_cache_dir", "outside /usr"),
+    ("jit dir toolkit state", node_a(jit_cache_dir="/var/lib/inference-nodes/jit"), "jit_cache_dir", "outside /var/lib/inference-nodes"),
+    ("jit dir toolkit wheels", node_a(jit_cache_dir="/var/cache/inference-nodes/wheels"), "jit_cache_dir", "outside /var/cache/inference-nodes/wheels"),
+    ("jit dir the hub venv", node_a(jit_cache_dir="/opt/inference-nodes/hub-venv/cache"), "jit_cache_dir", "apart from model_hub_venv"),
+    ("jit dir above the venv", node_a(jit_cache_dir="/opt/inference-nodes"), "jit_cache_dir", OWN),
+    ("tmp dir /var/tmp", node_a(container_tmp_dir="/var/tmp"), "container_tmp_dir", "outside /var/tmp"),
+    ("tmp dir /var/log", node_a(container_tmp_dir="/var/log/x"), "container_tmp_dir", "outside /var/log"),
+    ("tmp dir a home dir", node_a(container_tmp_dir="/home/ops"), "container_tmp_dir", OWN),
+    ("tmp dir /root/.gnupg", node_a(container_tmp_dir="/root/.gnupg/t"), "container_tmp_dir", "credentials"),
+    ("control cache /", node_a(model_control_cache="/"), "model_control_cache", OWN),
+    ("control cache /etc", node_a(model_control_cache="/etc/hub"), "model_control_cache", "outside /etc"),
+    ("control cache /tmp itself", node_a(model_control_cache="/tmp"), "model_control_cache", "below /tmp"),
+    ("cdi spec /etc/shadow", node_a(cdi_spec_path="/etc/shadow"), "cdi_spec_path", "under /etc/cdi/"),
+    ("cdi spec not yaml", node_a(cdi_spec_path="/etc/cdi/nvidia.sh"), "cdi_spec_path", ".yaml or .json"),
+    ("device outside /dev", node_a(container_devices=["/etc"]), "container_devices[0]", "under /dev/"),
+    # --- package names reach a root shell
+    ("toolkit package shell", node_a(nvidia_toolkit_packages=["nvidia-container-toolkit;id"]), "nvidia_toolkit_packages", "Debian package names"),
+    ("toolkit package subshell", node_a(nvidia_toolkit_packages=["$(reboot)"]), "nvidia_toolkit_packages", "Debian package names"),
+    ("toolkit package option", node_a(nvidia_toolkit_packages=["-oAPT::x=y"]), "nvidia_toolkit_packages", "Debian package names"),
+    ("toolkit package with version", node_a(nvidia_toolkit_packages=["nvidia-container-toolkit=1.0"]), "nvidia_toolkit_packages", "Debian package names"),
+    ("toolkit packages none", node_a(nvidia_toolkit_packages=[]), "nvidia_toolkit_packages", "at least one package"),
+    ("driver package shell", node_a(nvidia_driver_packages=["nvidia-open && id"]), "nvidia_driver_packages", "Debian package names"),
+    # --- a lone `;`: Quadlet 4.9.3 writes it back bare, systemd reads a command separator
+    ("vllm_args lone ;", pair_b({"vllm_args": ["--x", ";", "--y"]}, {"vllm_args": ["--x", ";", "--y"]}), "vllm_args", "exactly ';'"),
+    ("vllm_args trailing ;", pair_b({"vllm_args": ["--x", ";"]}, {"vllm_args": ["--x", ";"]}), "vllm_args", "exactly ';'"),
+    ("container_exec lone ;", node_a(container_exec="/serve.sh ; /bin/evil"), "container_exec", "exactly ';'"),
+    ("container_exec quoted ;", node_a(container_exec="/serve.sh ';'"), "container_exec", "exactly ';'"),
+    ("vllm_command lone ;", pair_b({"vllm_command": ["vllm", ";", "serve"]}, {"vllm_command": ["vllm", ";", "serve"]}), "vllm_command", "exactly ';'"),
+    ("container_exec unbalanced quote", node_a(container_exec="/serve.sh 'oops"), "container_exec", "balance the quotes"),
+    # --- secrets under harmless names where every user can read them
+    ("vllm_command token", pair_b({"vllm_command": ["vllm", "serve", HF]}, {"vllm_command": ["vllm", "serve", HF]}), "vllm_command", "no secrets on the command line"),
+    ("container_exec token", node_a(container_exec=f"/serve.sh --key {RANDOM}"), "container_exec", "no secrets on the command line"),
+    ("container_exec URL credentials", node_a(container_exec="/serve.sh https://ops:s3cr3t-db-pass@db.example/x"), "container_exec", "no secrets on the command line"),
+    ("vllm_args URL credentials", pair_b({"vllm_args": ["--x", "https://u:s3cr3t-db-pass@h.example"]}, {"vllm_args": ["--x", "https://u:s3cr3t-db-pass@h.example"]}), "vllm_args", "no secrets on the command line"),
+    ("hub endpoint credentials", node_a(model_hub_endpoint="https://ops:s3cr3t-db-pass@hub.example"), "model_hub_endpoint", "a URL of letters"),
+    ("cuda repo credentials", node_a(nvidia_repo_url="https://u:s3cr3t-db-pass@repo.example/cuda"), "nvidia_repo_url", "a URL of letters"),
+    ("toolkit key URL credentials", node_a(nvidia_toolkit_key_url="https://u:s3cr3t-db-pass@nvidia.example/key"), "nvidia_toolkit_key_url", "a URL of letters"),
+    ("repo URL quote", node_a(nvidia_toolkit_repo_url="https://x.example/'deb"), "nvidia_toolkit_repo_url", "a URL of letters"),
+    ("repo URL no host", node_a(nvidia_repo_url="https:///cuda"), "nvidia_repo_url", "a URL with a host"),
+    # --- values that crashed validation or were silently read as something else
+    ("ssh_port text", node_a(ssh_port="abc"), "ssh_port", "a port number from 1 to 65535"),
+    ("ssh_port list", node_a(ssh_port=[22]), "ssh_port", "a port number from 1 to 65535"),
+    ("ssh_port bool", node_a(ssh_port=True), "ssh_port", "a port number from 1 to 65535"),
+    ("ssh_port zero", node_a(ssh_port=0), "ssh_port", "a port number from 1 to 65535"),
+    ("ssh_hostname option", node_a(ssh_hostname="-oProxyCommand=id"), "ssh_hostname", "a host name or IP address"),
+    ("ssh_user option", node_a(ssh_user="-oProxyCommand=id"), "ssh_user", "a user name"),
+    ("gpu_indices [True]", node_a(gpu_indices=[True, 0]), "gpu_indices", "numbers, not true/false"),
+    ("api_port True", node_a(api_port=True), "api_port", "numbers, not true/false"),
+    ("model_size_gb False", node_a(model_size_gb=False), "model_size_gb", "numbers, not true/false"),
+    ("short image name", node_a(image="vllm:deepseek-v4"), "image", "fully qualified"),
+    ("short image with path", node_a(image="library/vllm"), "image", "fully qualified"),
+]
+
+
+@pytest.mark.parametrize("hosts,key,expected", [c[1:] for c in CARELESS], ids=[c[0] for c in CARELESS])
+def test_careless_value_is_refused_naming_host_key_and_rule(hosts, key, expected):
+    test_hostile_value_is_refused_naming_host_key_and_expectation(hosts, key, expected)
+
+
+def test_the_careless_cases_cover_the_issue_and_30_more():
+    assert len(CARELESS) >= 8 + 30
+
+
+@pytest.mark.parametrize("name", ["../escape", "/", "/etc", "-oProxyCommand=id", "a b", "x/../../etc", ".."])
+def test_a_host_name_that_is_a_path_or_an_option_is_refused(name):
+    hosts = {name: node_a()["node-a"]}
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(hosts)
+    assert f"host {name}: key '(host name)'" in str(err.value)
+
+
+def test_ordinary_values_of_each_kind_still_pass():
+    """The lab's own paths and a few an admin would choose are fine (a rule that refused everything would pass
+    the cases above)."""
+    ok = [node_a(), pair_b(),
+          node_a(model_root="/data/models/ds4", jit_cache_dir="/var/cache/inference-nodes/jit/a",
+                 container_tmp_dir="/var/lib/inference-tmp/a", model_hub_venv="/opt/inference-nodes/venv2"),
+          node_a(model_root="/home/ops/models", model_control_cache="/tmp/hub-cache", ssh_port="2222"),
+          node_a(image="localhost/vllm:x", nvidia_toolkit_packages=["nvidia-container-toolkit"]),
+          node_a(fabric_env_file="/etc/inference-nodes/rdma.env", cdi_spec_path="/etc/cdi/nvidia.json")]
+    for hosts in ok:
+        validate_hosts(hosts)
+
+
+def test_the_rules_fail_when_broken(monkeypatch):
+    """Break the path rule once: the cases it guards are then accepted (the suite watches the rule)."""
+    from deploys.schema import base
+
+    monkeypatch.setattr(base, "FORBIDDEN_TREES", ())
+    monkeypatch.setattr(base.OWNED_DIR, "_check", lambda p: None)
+    validate_hosts(node_a(jit_cache_dir="/tmp"))
+    validate_hosts(node_a(model_root="/usr"))
+
+
+# --- a lone `;` through Podman 4.9.3's Quadlet and then systemd (their rules, modelled here; the node tier runs
+# the real generator and systemd on hostile values)
+
+_ESC = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", '"': '"', "'": "'",
+        "s": " "}
+
+
+def systemd_words(line: str) -> list[str]:
+    """systemd's word splitting of a command line (and Quadlet's of `Exec=`): whitespace separates, quotes
+    group, C escapes are read. A word that is a bare `;` is returned as the separator marker None."""
+    words, i, n = [], 0, len(line)
+    while i < n:
+        while i < n and line[i] in " \t":
+            i += 1
+        if i >= n:
+            break
+        word, quoted = [], False
+        while i < n and line[i] not in " \t":
+            if line[i] in "\"'":
+                q, quoted = line[i], True
+                i += 1
+                while line[i] != q:
+                    if line[i] == "\\":
+                        word.append(_ESC[line[i + 1]])
+                        i += 2
+                    else:
+                        word.append(line[i])
+                        i += 1
+                i += 1
+            elif line[i] == "\\":
+                word.append(_ESC[line[i + 1]])
+                i += 2
+            else:
+                word.append(line[i])
+                i += 1
+        text = "".join(word)
+        words.append(None if text == ";" and not quoted else text)
+    return words
+
+
+def quadlet_rewrite(exec_value: str) -> str:
+    """What Quadlet 4.9.3 writes into ExecStart= for an `Exec=` value: the words split (quotes and escapes
+    read), then each written back, quoted only when it holds whitespace, a quote or a backslash: `;` is
+    written bare (field-facts 2026-12: real generator)."""
+    out = []
+    for word in systemd_words(exec_value):
+        assert word is not None, "a bare ';' in Exec= itself"
+        if word and not any(c in word for c in " \t\"'\\"):
+            out.append(word)
+        else:
+            out.append('"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    return " ".join(out)
+
+
+def executed(argv: list[str]) -> list[list[str]]:
+    """The commands systemd runs for a unit whose Exec= was written by the toolkit's writer."""
+    from deploys.unit_text import command_line
+
+    commands, current = [], []
+    for word in systemd_words(quadlet_rewrite(command_line(argv))):
+        if word is None:
+            commands.append(current)
+            current = []
+        else:
+            current.append(word)
+    return commands + [current] if current else commands
+
+
+@pytest.mark.parametrize("argv", [["--x", "a;b"], ["--x", "a b"], ["--x", 'q"q'], ["--x", "back\\slash"],
+                                  ["--x", "it's"], ["--x", ";;"], ["--x", "; "], ["--x", "\\;"]])
+def test_values_survive_quadlets_round_trip_as_the_same_argv(argv):
+    assert executed(argv) == [argv]
+
+
+@pytest.mark.parametrize("argv", [["--x", ";", "--y"], ["--x", ";"]])
+def test_a_lone_semicolon_would_not_survive_and_is_refused_by_the_writer(argv):
+    """Modelled without the writer's refusal, the argv changes (mid-line: a second command; at the end: the
+    `;` vanishes), so the writer refuses it."""
+    from deploys.unit_text import UnitValueError, command_line, unit_word
+
+    rewritten = systemd_words(quadlet_rewrite(" ".join(unit_word(a) for a in argv)))
+    assert [w for w in rewritten if w is not None] != argv or None in rewritten
+    with pytest.raises(UnitValueError):
+        command_line(argv)
+
+
+def test_apt_words_are_quoted_for_the_shell(tmp_path):
+    """Package names come from the inventory and the node's package lists: every word of an apt command
+    reaches the shell quoted (a stand-in program records the argv it gets)."""
+    from deploys.apt_state import lock_waiting
+
+    marker = tmp_path / "pwned"
+    cmd = lock_waiting("printf", "%s\\n", f"pkg;touch {marker}", "$(touch {marker})", timeout=1)
+    out = subprocess.run(["sh", "-c", cmd.get_raw_value()], capture_output=True, text=True, timeout=30)
+    assert out.stdout.splitlines() == [f"pkg;touch {marker}", "$(touch {marker})"]
+    assert not marker.exists()
+
+
+def test_render_refuses_to_write_outside_its_folder(tmp_path):
+    from deploys.render import inside_out_dir
+
+    assert inside_out_dir(str(tmp_path), "node-a", "/etc/x").startswith(str(tmp_path / "node-a") + os.sep)
+    for host, path in (("..", "/etc/passwd"), ("/", "/etc/passwd"), ("a", "/../../etc/passwd"), ("", "/etc/x")):
+        with pytest.raises(SystemExit, match="would be written outside"):
+            inside_out_dir(str(tmp_path), host, path)
+    (tmp_path / "link").symlink_to("/etc")
+    with pytest.raises(SystemExit, match="would be written outside"):
+        inside_out_dir(str(tmp_path), "link", "/passwd")
+
+
+def test_render_cli_names_problems_never_a_traceback(tmp_path):
+    inv = _inventory_dir(tmp_path, f'''
+        nodes = [("../../evil", {{"ssh_hostname": "192.0.2.10"}})]
+        ''')
+    proc = subprocess.run([sys.executable, "-m", "deploys.render", inv, str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "host ../../evil: key '(host name)'" in proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "evil").exists()
+
+
+def test_no_service_env_value_reaches_the_unit():
+    from deploys.inference_service import render_container, render_service_env
+
+    hosts = node_a(service_env={**PROFILE_A["service_env"], "MODE": RANDOM, "DB_URL": "postgres://u:s3cr3t-db-pass@db"})
+    cfg = validate_hosts(hosts)["node-a"]
+    unit = render_container(cfg)
+    assert RANDOM not in unit and "s3cr3t-db-pass" not in unit and "Environment=" not in unit.replace("EnvironmentFile=", "")
+    env = render_service_env(cfg, None, 1)
+    assert f"MODE={RANDOM}\n" in env and "DB_URL=postgres://u:s3cr3t-db-pass@db\n" in env
