@@ -93,6 +93,20 @@ def follow_up_done(stamp: str, command, paths: tuple[str, ...], contents: tuple[
     yield StringCommand("sh", "-c", QuoteString(record))
 
 
+def _content_and_remote(src, dest: str, batch: tuple[str, ...]) -> tuple[bytes, dict | None]:
+    """The bytes to write (``src``: a local path or a file-like object, rewound: an operation body runs again
+    at execute time) and ``dest``'s owner, mode and sha1 on the node (read with the deploy's ``batch``)."""
+    if hasattr(src, "read"):
+        data = src.read()
+        src.seek(0)
+        data = data.encode() if isinstance(data, str) else data
+    else:
+        with open(src, "rb") as f:
+            data = f.read()
+    paths = tuple(batch) if dest in batch else (dest,)
+    return data, host.get_fact(ManagedFiles, paths=paths).get(dest)
+
+
 @operation()
 def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: str = "0644",
                create_remote_dir: bool = True, batch: tuple[str, ...] = (), resets: str | None = None):
@@ -108,15 +122,7 @@ def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: st
     + resets: a follow-up stamp (``follow_up_stamp``) removed before ``dest`` is replaced, so the follow-up
       runs again even for content it applied before (a hand edit that was applied in between)
     """
-    if hasattr(src, "read"):
-        data = src.read()
-        src.seek(0)  # the operation body runs again at execute time
-        data = data.encode() if isinstance(data, str) else data
-    else:
-        with open(src, "rb") as f:
-            data = f.read()
-    paths = tuple(batch) if dest in batch else (dest,)
-    remote = host.get_fact(ManagedFiles, paths=paths).get(dest)
+    data, remote = _content_and_remote(src, dest, batch)
     if remote and (remote["sha1"], remote["user"], remote["group"], remote["mode"]) == (
         hashlib.sha1(data).hexdigest(), user, group, int(mode)
     ):
@@ -208,15 +214,7 @@ def secret_file(src, dest: str, batch: tuple[str, ...] = (), private_dir: bool =
     + batch: as atomic_put's (the deploy's managed files, read in one round trip)
     + private_dir: make the parent directory 0700 (a directory of secrets); else only create it
     """
-    if hasattr(src, "read"):
-        data = src.read()
-        src.seek(0)  # the operation body runs again at execute time
-        data = data.encode() if isinstance(data, str) else data
-    else:
-        with open(src, "rb") as f:
-            data = f.read()
-    paths = tuple(batch) if dest in batch else (dest,)
-    remote = host.get_fact(ManagedFiles, paths=paths).get(dest)  # content hash, owner and mode: one round trip
+    data, remote = _content_and_remote(src, dest, batch)
     if remote and (remote["sha1"], remote["user"], remote["group"], remote["mode"]) == (
             hashlib.sha1(data).hexdigest(), "root", "root", 600):
         host.noop(f"{dest} up to date (0600)")
