@@ -97,27 +97,6 @@ def test_too_little_disk_is_refused_before_fetching(sandbox):
     assert gate(node).returncode == 0
 
 
-def test_a_model_directory_the_toolkit_does_not_own_is_never_emptied(sandbox):
-    """model_root pointed at a directory that holds more than the model (an admin's shared folder): the sync
-    deletes files the manifest does not list only where the toolkit's marker is. Without it the host fails
-    naming the files and nothing is deleted; with the marker (written by the earlier syncs into the emptied
-    directory) the stray file goes and the snapshot verifies."""
-    node = "sandbox-b1"
-    marker = f"{PLAIN}/.inference-nodes-owned"
-    assert on_node(node, f"test -f {marker}").returncode == 0, "the sync marks a directory it filled"
-    assert on_node(node, f"rm {marker} && echo keep > {PLAIN}/someone-elses.txt").returncode == 0
-    proc = pyinfra(INVENTORY, "deploys.model_snapshot.model_snapshot", "--limit", node, check=False)
-    assert proc.returncode == 1
-    assert f"{PLAIN} holds 1 file(s) the model's manifest does not list (someone-elses.txt)" in proc.stderr
-    assert "Nothing was deleted" in proc.stderr
-    assert on_node(node, f"cat {PLAIN}/someone-elses.txt").stdout.strip() == "keep"
-    assert on_node(node, f"touch {marker}").returncode == 0
-    changed = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node))
-    assert (SYNC, [node]) in changed
-    assert on_node(node, f"test -e {PLAIN}/someone-elses.txt").returncode == 1, "deleted once the marker is there"
-    assert gate(node).returncode == 0
-
-
 def test_refused_hub_token_is_a_clear_error_and_never_printed(sandbox, refusing_hub, tmp_path):
     endpoint, token_file, token = refusing_hub
     node = "sandbox-b0"

@@ -666,3 +666,25 @@ def test_no_service_env_value_reaches_the_unit():
     assert RANDOM not in unit and "s3cr3t-db-pass" not in unit and "Environment=" not in unit.replace("EnvironmentFile=", "")
     env = render_service_env(cfg, None, 1)
     assert f"MODE={RANDOM}\n" in env and "DB_URL=postgres://u:s3cr3t-db-pass@db\n" in env
+
+
+def test_the_sync_deletes_only_in_a_directory_the_toolkit_owns(monkeypatch, tmp_path):
+    """The model directory's owner marker: an unmarked directory with files the manifest does not list fails
+    the host (nothing deleted); an unmarked one holding nothing else is marked; a marked one is left as it is.
+    The verifier never counts the marker as an extra file, and no manifest may list it."""
+    import types
+
+    from deploys import model_snapshot
+    from files.model_snapshot.snapshot_manifest import OWNER_MARKER, path_problem
+    from files.model_snapshot.verify_snapshot import list_files
+
+    monkeypatch.setattr(model_snapshot, "host", types.SimpleNamespace(name="node-x"))
+    refused = list(model_snapshot.owner_commands("/srv/models/m", ["notes.txt"], owned=False))
+    assert len(refused) == 1 and "notes.txt" in refused[0].args[0] and "Nothing was deleted" in refused[0].args[0]
+    marked = list(model_snapshot.owner_commands("/srv/models/m", [], owned=False))
+    assert len(marked) == 1 and OWNER_MARKER in marked[0].get_raw_value()
+    assert list(model_snapshot.owner_commands("/srv/models/m", ["notes.txt"], owned=True)) == []
+    (tmp_path / OWNER_MARKER).write_text("x")
+    (tmp_path / "config.json").write_text("{}")
+    assert list_files(str(tmp_path)) == {"config.json"}
+    assert path_problem(OWNER_MARKER)
