@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import shlex
+import time
+from datetime import datetime, timezone
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.facts.files import Directory, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files
@@ -29,10 +32,11 @@ from deploys.fact_cache import expect
 from deploys.inventory import node_cluster, node_config
 from deploys.model_snapshot import GATE, STAMP
 from deploys.ops import (atomic_put, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
-                         follow_up_stamp, secret_file)
+                         follow_up_stamp, host_failed, secret_file)
+from deploys.serving_gate import failed_checks, gate_checks, gate_command, parse_readiness, readiness_command, wait_serving
 from deploys.unit_text import command_line, env_file_line
 from deploys.schema import NodeConfig, cluster_head, cluster_of
-from facts.containers import ServiceStartedFrom
+from facts.containers import GatePassed, ServiceStartedFrom
 from facts.host import ManagedFiles
 from files import helper_path
 
@@ -290,11 +294,25 @@ def vllm_accepts(unit_path: str, unit_text: str, check: str | None):
     yield StringCommand(check)
 
 
+def restart_reason(running: bool, start: dict, fingerprint: str) -> str | None:
+    """Why the service must be started or restarted now, read from the node (None: it runs what the converge
+    renders): down; started from another unit or env (a converge change, or a hand edit that was applied); or
+    from another verified snapshot (files repaired since it started: it may have loaded the bad one)."""
+    if not running:
+        return "not running"
+    if start["unit"] != fingerprint:
+        return "started from another unit or environment"
+    if not start["verified"]:
+        return "its snapshot is not verified now"
+    if start["snapshot"] != start["verified"]:
+        return "the model snapshot changed since it started (repaired files)"
+    return None
+
+
 @operation()
 def service_current(service: str, started_from: str, fingerprint: str, act: bool = True):
     """Start ``service`` if it is down; restart it if it started from anything but the rendered unit and
-    fabric env (a converge change, or a hand edit that was applied) or from another verified snapshot
-    (files repaired since it started); else leave it alone.
+    fabric env or from another verified snapshot (``restart_reason``); else leave it alone.
     The model gate runs first so a bad snapshot is reported here, not only in the journal.
 
     + service: the generated service name
@@ -307,14 +325,104 @@ def service_current(service: str, started_from: str, fingerprint: str, act: bool
         return
     running = host.get_fact(SystemdStatus, services=[service]).get(service)  # one unit, not all of them
     start = host.get_fact(ServiceStartedFrom, record=started_from, stamp=STAMP)
-    same_unit = start["unit"] == fingerprint
-    if running and same_unit and start["verified"] and start["snapshot"] == start["verified"]:
+    reason = restart_reason(running, start, fingerprint)
+    if reason is None:
         host.noop(f"{service} running, started from the rendered unit and the verified snapshot")
         return
-    if running and same_unit and start["verified"]:
-        logger.info(f"{host.name}: the model snapshot changed since {service} started (repaired files): restarting it")
+    if running and start["unit"] == fingerprint and start["verified"]:
+        logger.info(f"{host.name}: {reason.replace('it started', f'{service} started')}: restarting it")
     yield StringCommand(GATE)
     yield StringCommand("systemctl", "restart" if running else "start", service)
+
+
+def gate_record_path(cfg: NodeConfig) -> str:
+    """Where a head keeps the release its service last passed the serving gate with (persistent: the last good
+    release outlives a reboot)."""
+    return f"/var/lib/inference-nodes/{cfg.container_name}.gate-passed.json"
+
+
+def release_of(cfg: NodeConfig, unit_fingerprint: str) -> dict:
+    """What the service runs, as the inventory asks for it: the image (by digest), the model commit and its
+    manifest, the rendered unit and environment. ``release`` names the whole."""
+    manifest = None
+    if cfg.model_manifest:
+        with open(cfg.model_manifest, "rb") as f:
+            manifest = hashlib.sha256(f.read()).hexdigest()
+    return {"release": content_fingerprint(unit_fingerprint, manifest or "")[:16], "image": cfg.image_ref,
+            "model_repo": cfg.model_repo, "model_revision": cfg.model_revision, "manifest_sha256": manifest,
+            "unit": unit_fingerprint}
+
+
+def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: str) -> bool:
+    """Execute time, on one node: wait for its service (a head: /health; a worker: running), showing the
+    service's stage as it goes; on a head run the serving gate and record the release it passed with. A unit
+    that fails or restarts, a wait past the bound, or a failed check fails the host with the journal's end."""
+    cfg = node_config(host)
+    sudo = {"_sudo": True} if host.data.get("_sudo") else {}
+
+    def run(command: str) -> str:
+        return host.run_shell_command(StringCommand(command), **sudo)[1].stdout
+
+    def progress(line: str) -> None:
+        host.log_styled(line, log_func=logger.info)
+
+    ready, why, now = wait_serving(run, cfg, head, cfg.service_ready_timeout_sec, progress)
+    if not ready:
+        return host_failed(host, f"{host.name}: {why}")
+    progress(why)
+    if not head:
+        return True
+    t0 = time.monotonic()
+    ok, out = host.run_shell_command(StringCommand(gate_command(cfg, model)), **sudo)
+    checks = gate_checks(out.stdout)
+    failed = failed_checks(checks)
+    if not ok or failed:
+        tail = "\n".join(parse_readiness(run(readiness_command(cfg, head)))["journal"][-15:])
+        told = "; ".join(failed) if checks else f"{failed[0]} ({out.stderr.strip()[-500:]})"
+        return host_failed(host, f"{host.name}: {cfg.container_name}.service answers /health but failed the serving "
+                                 f"gate: {told}; its journal ends:\n{tail}")
+    passed = {**release, "invocation": now.get("InvocationID"),
+              "passed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "checks": [c["check"] for c in checks]}
+    text = shlex.quote(json.dumps(passed, sort_keys=True) + "\n")
+    written = host.run_shell_command(StringCommand(
+        f"mkdir -p {posixpath.dirname(record)} && printf %s {text} > {record}.tmp && mv -f {record}.tmp {record}"),
+        **sudo)[0]
+    progress(f"passed the serving gate ({len(checks)} checks, {time.monotonic() - t0:.1f} s): release "
+             f"{release['release']} (image {release['image']}, {release['model_repo']}@{release['model_revision']})")
+    return written or host_failed(host, f"{host.name}: the serving gate passed, but {record} could not be written")
+
+
+@operation()
+def service_serving(service: str, started_from: str, fingerprint: str, release: dict, record: str, head: bool,
+                    model: str):
+    """Done means serving: after a start or restart, wait for the service (workers: running; heads: /health,
+    bounded by ``service_ready_timeout_sec``, with its stage shown) and pass the serving gate on each head.
+    Decided from state: a service that runs what the converge renders, and (a head) whose gate record names this
+    release, is left alone, so a no-op converge runs no gate (a restart by systemd, a reboot or an admin is no
+    converge change: the audit's `-m serving` checks such a start).
+
+    + service: the generated service name
+    + started_from: the file the unit writes at each start
+    + fingerprint: hash of the rendered unit and env files
+    + release: what the inventory asks the service to run (``release_of``)
+    + record: the head's gate record (``gate_record_path``)
+    + head: rank 0 (or a single node): serves the API and is gated
+    + model: the name clients ask for
+    """
+    running = host.get_fact(SystemdStatus, services=[service]).get(service)
+    start = host.get_fact(ServiceStartedFrom, record=started_from, stamp=STAMP)
+    current = restart_reason(running, start, fingerprint) is None
+    if not head and current:
+        host.noop(f"{service} runs the rendered launch (its head's gate checks the job)")
+        return
+    if head:
+        passed = host.get_fact(GatePassed, record=record, service=service)
+        last = passed["release"] or {}
+        if current and last.get("release") == release["release"]:
+            host.noop(f"{service} passed the serving gate for release {release['release']} at {last.get('passed_at')}")
+            return
+    yield FunctionCommand(_wait_and_gate, (head, model, release, record), {})
 
 
 @deploy("Inference service")
@@ -331,7 +439,8 @@ def inference_service():
     volume_dirs = [p for p in (cfg.jit_cache_dir, cfg.container_tmp_dir) if p]
     expect([(ManagedFiles, {"paths": batch}), *[(Directory, {"path": p}) for p in volume_dirs],
             (Sha256File, {"path": unit_path}), *follow_up_reads(QUADLET_STAMP), (SystemdStatus, {"services": [service]}),
-            (ServiceStartedFrom, {"record": started, "stamp": STAMP})])
+            (ServiceStartedFrom, {"record": started, "stamp": STAMP}),
+            *([(GatePassed, {"record": gate_record_path(cfg), "service": service})] if cfg.is_head else [])])
     atomic_put(batch=batch, name="Install the RoCE GID lookup", src=helper_path("inference_service/roce_gid.py"),
               dest=ROCE_HELPER, user="root", group="root", mode="0755", create_remote_dir=True)
     atomic_put(batch=batch, name="Install its start-time wrapper",
@@ -358,3 +467,6 @@ def inference_service():
                     fingerprint=fp, act=not cfg.is_head)
     service_current(name="Start or update heads and single nodes", service=service, started_from=started,
                     fingerprint=fp, act=cfg.is_head)
+    service_serving(name="Wait until it serves (heads: /health and the serving gate)", service=service,
+                    started_from=started, fingerprint=fp, release=release_of(cfg, fp), record=gate_record_path(cfg),
+                    head=cfg.is_head, model=served_model_name(cfg))

@@ -2,15 +2,21 @@
 to a head and run there, since the API stays on loopback): its path, the options a node's profile gives it
 (GateKeys), the order a cluster restarts in, where its startup log is read, the command that runs it on a
 head together with the modules it imports (``node_script``), and the gate's own functions for code that runs
-here (``wait_ready``: the one /health wait of the audits, the node tests and the benchmarks).
+here (``wait_ready``: the one /health wait of the node tests and the benchmarks), and the one wait for a
+(re)started service that the converge and the audit share (``wait_serving``: it reads the unit's own state,
+so a unit that failed or restarts fails at once, with its journal, instead of waiting out the bound).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
+import re
 import shlex
+import time
+from typing import Callable
 from types import ModuleType
 
 from deploys.schema import NodeConfig
@@ -69,3 +75,121 @@ def startup_log_command(cfg: NodeConfig) -> str:
     service = shlex.quote(f"{cfg.container_name}.service")
     return (f"since=$(systemctl show --timestamp=us+utc -p ExecMainStartTimestamp --value {service}) && "
             f"[ -n \"$since\" ] && journalctl -u {service} --no-pager -o cat --since \"$since\"")
+
+
+def gate_command(cfg: NodeConfig, model: str, *options: str) -> str:
+    """The serving gate run on a head against its loopback API: one JSON check per line on stdout."""
+    return node_script(f"python3 \"$d/serving_gate.py\" {shlex.join([api_url(cfg), model, *options])}\n")
+
+
+def gate_checks(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def failed_checks(checks: list[dict]) -> list[str]:
+    """``check: detail`` of each failed check; one line saying so when the gate printed none."""
+    if not checks:
+        return ["the gate printed no verdict"]
+    return [f"{c['check']}: {c['detail']}" for c in checks if not c["ok"]]
+
+
+# The service's own startup stages, as vLLM logs them (the last line that names one is where it is).
+STAGES = (
+    ("loading weights", re.compile(r"Loading (safetensors|weights|model)|Loading .*checkpoint|Model loading took", re.I)),
+    ("compiling", re.compile(r"torch\.compile|Compiling a graph|compil(ing|ation)", re.I)),
+    ("allocating the KV cache", re.compile(r"KV cache|num_gpu_blocks|Maximum concurrency", re.I)),
+    ("capturing graphs", re.compile(r"Capturing (CUDA )?graphs|cudagraph", re.I)),
+    ("waiting for the other nodes", re.compile(r"world_size=|Waiting for|rendezvous", re.I)),
+    ("starting the API server", re.compile(r"Starting vLLM API server|Available routes|Uvicorn running|"
+                                           r"Application startup", re.I)),
+)
+_READ_MARK = "##inference-nodes-readiness:"
+JOURNAL_LINES = 40  # read at each look; the failure message shows the last 15
+
+
+def readiness_command(cfg: NodeConfig, head: bool) -> str:
+    """One round trip: the unit's state, the head's /health answer (status code, 0: none), the journal since the
+    current start. Read-only."""
+    service = shlex.quote(f"{cfg.container_name}.service")
+    health = (f"python3 -c 'import sys, urllib.request as u\ntry: print(u.urlopen(sys.argv[1], timeout=5).status)"
+              f"\nexcept Exception as e: print(getattr(e, \"code\", 0))' {shlex.quote(api_url(cfg) + '/health')}"
+              if head else "echo 0")
+    return (f"systemctl show -p ActiveState -p SubState -p NRestarts -p InvocationID -p Result {service}; "
+            f"echo '{_READ_MARK}health'; {health}; echo '{_READ_MARK}journal'; "
+            f"since=$(systemctl show --timestamp=us+utc -p ExecMainStartTimestamp --value {service}); "
+            f"[ -n \"$since\" ] && journalctl -u {service} --no-pager -o cat -n {JOURNAL_LINES} --since \"$since\"; true")
+
+
+def parse_readiness(output: str) -> dict:
+    """``readiness_command``'s output: the unit's properties, ``health`` (an HTTP status, 0: no answer) and
+    ``journal`` (lines)."""
+    part, props, health, journal = "props", {}, 0, []
+    for line in output.splitlines():
+        if line.startswith(_READ_MARK):
+            part = line[len(_READ_MARK):].strip()
+        elif part == "props" and "=" in line:
+            key, value = line.split("=", 1)
+            props[key.strip()] = value.strip()
+        elif part == "health" and line.strip().isdigit():
+            health = int(line.strip())
+        elif part == "journal":
+            journal.append(line)
+    return {**props, "health": health, "journal": journal}
+
+
+def startup_stage(journal: list[str]) -> str:
+    """Where a starting service is, from the last journal line that names a stage ('' when none does)."""
+    for line in reversed(journal):
+        for stage, pattern in STAGES:
+            if pattern.search(line):
+                return stage
+    return ""
+
+
+def readiness_verdict(now: dict, first: dict, head: bool) -> tuple[str, str]:
+    """("ready" | "wait" | "failed", why) for a service read ``now``, ``first`` being the first read of this wait.
+    A head is ready when its unit is active and /health answers 200, a worker when its unit runs. A unit that is
+    inactive, failed or waiting to be restarted fails at once, as does one that restarted since the first read
+    (its start count or invocation moved): systemd's own restarts would otherwise hide a crash loop."""
+    active, sub = now.get("ActiveState", "?"), now.get("SubState", "?")
+    state = f"{active} ({sub})"
+    if active == "active" and (now["health"] == 200 if head else sub == "running"):
+        return "ready", state
+    if active in ("failed", "inactive") or sub == "auto-restart":
+        result = now.get("Result", "")
+        return "failed", f"the unit is {state}" + (f", result {result}" if result not in ("", "success") else "")
+    if now.get("NRestarts") != first.get("NRestarts") or now.get("InvocationID") != first.get("InvocationID"):
+        return "failed", (f"the unit restarted while starting (restarts {first.get('NRestarts')} -> "
+                          f"{now.get('NRestarts')}, now {state})")
+    return "wait", state + (f", /health {now['health']}" if head and now["health"] else "")
+
+
+def wait_serving(run: Callable[[str], str], cfg: NodeConfig, head: bool, timeout: float,
+                 progress: Callable[[str], None] | None = None, interval: float = 5.0,
+                 every: float = 30.0) -> tuple[bool, str, dict]:
+    """Wait until the service of ``cfg`` is ready (``readiness_verdict``), at most ``timeout`` seconds.
+    ``run(command) -> stdout`` runs a command on the node; ``progress(line)`` hears the elapsed time and the
+    service's stage when it changes and every ``every`` seconds. Returns (ready, why, the last read); a failure's
+    ``why`` ends with the last journal lines."""
+    t0 = time.monotonic()
+    first = None
+    told, told_at = None, 0.0
+    while True:
+        now = parse_readiness(run(readiness_command(cfg, head)))
+        first = first or now
+        verdict, why = readiness_verdict(now, first, head)
+        elapsed = time.monotonic() - t0
+        service = f"{cfg.container_name}.service"
+        if verdict == "ready":
+            return True, f"{service} {'answers /health' if head else 'runs'} after {elapsed:.0f} s", now
+        tail = "\n".join(now["journal"][-15:])
+        if verdict == "failed":
+            return False, f"{service}: {why}; its journal ends:\n{tail}", now
+        if elapsed >= timeout:
+            return False, (f"{service} did not answer /health within service_ready_timeout_sec={timeout:g} s "
+                           f"({why}); its journal ends:\n{tail}"), now
+        stage = startup_stage(now["journal"])
+        if progress and (stage != told or elapsed - told_at >= every):
+            progress(f"waiting for {service}: {elapsed:.0f} s, {why}" + (f", {stage}" if stage else ""))
+            told, told_at = stage, elapsed
+        time.sleep(interval)

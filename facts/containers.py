@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from typing import Any, TypedDict
@@ -131,3 +132,29 @@ class ServiceStartedFrom(FactBase[ServiceStartDict]):
         complete = len(recorded) == 2
         return {"unit": recorded[0] if complete else None, "snapshot": recorded[1] if complete else None,
                 "verified": now[0] if now else None}
+
+
+class GatePassedDict(TypedDict):
+    release: dict | None     # the record the converge wrote when the serving gate last passed (None: never)
+    invocation: str | None   # the service's InvocationID now (None: not started since boot)
+
+
+class GatePassed(FactBase[GatePassedDict]):
+    """When the serving gate last passed on this head, for which release and which start of the service
+    (``record``: written by the converge, deploys/inference_service.py), beside the service's start now."""
+
+    def command(self, record: str, service: str) -> str:
+        return (f"cat {shlex.quote(record)} 2>/dev/null; echo; echo '{_MARK}now'; "
+                f"systemctl show -p InvocationID --value {shlex.quote(service)} 2>/dev/null; true")
+
+    def process(self, output: list[str]) -> GatePassedDict:
+        if f"{_MARK}now" not in output:
+            raise FactProcessError(f"GatePassed: no marker in {output!r}")
+        at = output.index(f"{_MARK}now")
+        text = "\n".join(output[:at]).strip()
+        try:
+            release = json.loads(text) if text else None
+        except ValueError:
+            release = None  # a damaged record is no record: the gate runs again
+        now = "".join(output[at + 1:]).strip()
+        return {"release": release if isinstance(release, dict) else None, "invocation": now or None}

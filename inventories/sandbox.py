@@ -26,6 +26,8 @@ def _node(name: str, port: int, **data):
         "ssh_strict_host_key_checking": "off",
         "ssh_known_hosts_file": "/dev/null",
         "_sudo": False,
+        # three real vLLMs (CPU build) load and compile at once on a 2-core machine
+        "service_ready_timeout_sec": 900,
         **data,
     })
 

@@ -119,6 +119,12 @@ class ContainerKeys(ComponentKeys):
         "/sys", description="sysfs the RoCE GID lookup reads at service start (`/sys`; the sandbox has a stand-in tree)"
     )
     service_timeout_start_sec: int = _key(3600, description="`TimeoutStartSec=`: first start compiles and loads ~160 GB", ge=1, le=7 * 86400)
+    service_ready_timeout_sec: int = _key(
+        1800, description="how long a converge, and the audit's serving checks, wait for a (re)started service to "
+        "answer `/health` before the host fails: a first start loads the weights and compiles (seed 000: 47.5 s "
+        "init + 12.6 s compile from warm disks; ~160 GB from cold NVMe takes minutes); a unit that fails or "
+        "restarts meanwhile fails at once", ge=30, le=7 * 86400,
+    )
     service_timeout_stop_sec: int = _key(120, description="`TimeoutStopSec=`", ge=1, le=86400)
     service_restart_sec: int = _key(30, description="`RestartSec=` after a failure", ge=0, le=86400)
     service_worker_grace_sec: int = _key(

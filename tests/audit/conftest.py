@@ -1,10 +1,17 @@
 """Audit fixtures: hosts and expected values come from the same inventory and schema the deploys use.
 
-    pytest tests/audit                                        # inventories/lab.py
+    pytest tests/audit                                        # state only (inventories/lab.py): read-only
     pytest tests/audit --inventory inventories/sandbox.py [--limit GROUP_OR_HOST_GLOB] [-m serving]
     pytest tests/audit --junitxml audit.xml -rf               # JUnit XML; one line per failed promise
     pytest tests/audit --full-verify                          # + re-hash every model file now (slow)
-    pytest tests/audit -m serving --qualify                   # + the qualification gates that restart a service
+    pytest tests/audit -m serving                             # + a short smoke on each head (one request of each kind)
+    pytest tests/audit -m drained [--qualify]                 # the load-bearing gates: a drained node only
+
+Plain `pytest tests/audit` checks state only; the serving checks run when `-m` selects them (`serving`: one
+request of each kind, safe beside users; `drained`: concurrency proof, KV capacity, long context and, with
+`--qualify`, the restart: they take the node's slots or restart it). Every serving check first reads the unit:
+an inactive, failed or crash-looping service fails at once with its state and journal, and one readiness
+result (bounded by `service_ready_timeout_sec`) serves every check of that head.
 
 Audits are read-only (`--qualify` aside): safe to run against production as a drift check. They connect with OpenSSH
 (testinfra's ssh:// backend) using an ssh config generated from the inventory's connection data, so host
@@ -35,6 +42,19 @@ def pytest_addoption(parser):
                      help="also re-hash every model file against the manifest on each node (slow; writes nothing)")
     parser.addoption("--qualify", action="store_true",
                      help="also run the qualification gates that disturb a service (gate_restart: restarts it)")
+
+
+SERVING_MARKERS = ("serving", "drained", "long_context")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without `-m`, the audit checks state only: the checks that send requests run when asked for."""
+    if config.getoption("markexpr"):
+        return
+    keep = [i for i in items if not any(i.get_closest_marker(m) for m in SERVING_MARKERS)]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
 
 
 @dataclass
@@ -113,3 +133,29 @@ def cluster_members(ssh_config, pytestconfig):
         same = [(n, c) for n, (c, _) in specs.items() if c.cluster_name == node.cfg.cluster_name]
         return [Node(n, c, _testinfra_host(n, specs[n][1], ssh_config)) for n, c in restart_order(same)]
     return members
+
+
+@pytest.fixture(scope="session")
+def readiness():
+    """node -> (ready, why): the service's readiness, read once per head for the whole session
+    (deploys/serving_gate.py wait_serving, as the converge waits: fails at once on a unit that is not starting)."""
+    from deploys.serving_gate import wait_serving
+
+    seen: dict[str, tuple[bool, str]] = {}
+
+    def ready(node: Node) -> tuple[bool, str]:
+        if node.name not in seen:
+            ok, why, _ = wait_serving(lambda command: node.host.run(command).stdout, node.cfg, True,
+                                      node.cfg.service_ready_timeout_sec)
+            seen[node.name] = (ok, f"{node.name}: {why}")
+        return seen[node.name]
+    return ready
+
+
+@pytest.fixture
+def serving_node(node, readiness) -> Node:
+    """The head, once its service answers /health; fails at once (state, journal) when it cannot."""
+    ok, why = readiness(node)
+    if not ok:
+        pytest.fail(why, pytrace=False)
+    return node

@@ -2,13 +2,13 @@
 `gate_long_context_tokens` tokens hides a fresh key that the answer must return exactly, none of it served
 from the prefix cache (files/serving_gate/needle.py). Skipped where the profile leaves the key unset.
 
-Runs on the node (the API stays on loopback): `pytest tests/audit -m long_context`.
+Runs on the node (the API stays on loopback): `pytest tests/audit -m long_context` (or `-m drained`: a prompt this
+long takes the head for a while, so it needs a drained node).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 
 import pytest
@@ -16,18 +16,14 @@ import pytest
 from deploys.inference_service import served_model_name
 from deploys.serving_gate import GATE_FILES, node_script
 
-READY_TIMEOUT_S = int(os.environ.get("SERVING_READY_TIMEOUT_S", "900"))
-
-pytestmark = pytest.mark.long_context
+pytestmark = [pytest.mark.long_context, pytest.mark.drained]
 
 
 def needle_script(url: str, model: str, tokens: int, *extra: str) -> str:
     """A shell script for the node: needle.py and the serving gate it imports into a private temporary
-    directory, wait for /health, then one retrieval request against the head's API."""
-    wait = (f"python3 -c \"import time, urllib.request as u\nfor _ in range({READY_TIMEOUT_S}):\n try:\n"
-            f"  u.urlopen('{url}/health', timeout=5); break\n except Exception: time.sleep(1)\" 2>/dev/null\n")
+    directory, then one retrieval request against the head's API."""
     run = f"python3 \"$d/needle.py\" {shlex.quote(url)} {shlex.quote(model)} {int(tokens)} {shlex.join(extra)}\n"
-    return node_script(wait + run, GATE_FILES + ("needle.py",))
+    return node_script(run, GATE_FILES + ("needle.py",))
 
 
 def verdict_of(stdout: str) -> dict | None:
@@ -35,7 +31,8 @@ def verdict_of(stdout: str) -> dict | None:
     return verdicts[-1] if verdicts else None
 
 
-def test_long_context_retrieval(node, head_only):
+def test_long_context_retrieval(serving_node, head_only):
+    node = serving_node
     tokens = node.cfg.gate_long_context_tokens
     if tokens is None:
         pytest.skip(f"{node.name}: gate_long_context_tokens is unset")

@@ -51,9 +51,10 @@ def sandbox():
 
 
 def pyinfra(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run the pyinfra CLI exactly as an admin would, against the sandbox inventory."""
+    """Run the pyinfra CLI exactly as an admin would, against the sandbox inventory (a converge that starts a
+    service waits for it to serve: a real vLLM loads and compiles first, several at once on 2 cores)."""
     cmd = [PYINFRA, "-y", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
     return proc

@@ -18,6 +18,7 @@ CACHE = "/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731"  # rtx_pr
 SYNC = "Model snapshot | Sync and verify the model snapshot"
 RESTART = "Inference service | Start or update heads and single nodes"
 WORKER_RESTART = "Inference service | Start or update workers (rank > 0) before heads"
+SERVING = "Inference service | Wait until it serves (heads: /health and the serving gate)"
 
 
 @pytest.fixture
@@ -69,7 +70,7 @@ def test_corrupt_truncated_and_missing_shards_are_named_and_repaired_alone(sandb
 
     repaired = pyinfra("-v", "--json", INVENTORY, "deploys/all.py", "--limit", node)
     # the service may have loaded the bad files before they were found: restarted from the repaired snapshot
-    assert changed_operations(repaired) == [(SYNC, [node]), (RESTART, [node])]
+    assert changed_operations(repaired) == [(SYNC, [node]), (RESTART, [node]), (SERVING, [node])]
     assert "pushed 3 file(s)" in repaired.stderr
     assert gate(node).returncode == 0
 
@@ -93,8 +94,30 @@ def test_too_little_disk_is_refused_before_fetching(sandbox):
         on_node(node, f"umount {PLAIN}")
     changed = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node))
     # its model was emptied under the running worker: restarted from the synced snapshot
-    assert changed == [(SYNC, [node]), (WORKER_RESTART, [node])]
+    assert changed == [(SYNC, [node]), (WORKER_RESTART, [node]), (SERVING, [node])]
     assert gate(node).returncode == 0
+
+
+def test_a_model_directory_the_toolkit_does_not_own_is_never_emptied(sandbox):
+    """The sync deletes files the manifest does not list only in a directory carrying the owner marker (written by
+    the first fetch): without it, a stray file fails the host, named, and stays; with it, the file goes."""
+    node = "sandbox-b1"  # the plain layout: the model directory is model_root itself
+    marker = f"{PLAIN}/.inference-nodes-owned"
+    assert on_node(node, f"test -f {marker}").returncode == 0, "the fetch into the emptied directory marked it"
+    assert on_node(node, f"rm {marker} && echo keep > {PLAIN}/notes.txt").returncode == 0
+    full = ["--limit", node, "--data", "model_verify_full=true"]  # the stamp's fast path does not list a directory
+    refused = pyinfra(INVENTORY, "deploys.model_snapshot.model_snapshot", *full, check=False)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert f"{PLAIN} holds 1 file(s) the model's manifest does not list (notes.txt)" in refused.stderr
+    assert "Nothing was deleted" in refused.stderr
+    assert on_node(node, f"cat {PLAIN}/notes.txt").stdout.strip() == "keep"
+    assert on_node(node, f"touch {marker}").returncode == 0  # the admin says: this directory holds the model alone
+    owned = changed_operations(pyinfra("--json", INVENTORY, "deploys.model_snapshot.model_snapshot", *full))
+    assert owned == [(SYNC, [node])], owned
+    assert on_node(node, f"test -e {PLAIN}/notes.txt").returncode == 1, "a stray file in an owned directory goes"
+    assert gate(node).returncode == 0
+    pyinfra(INVENTORY, "deploys/all.py", "--limit", node)  # the re-verified snapshot: the worker restarts onto it
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
 
 
 def test_refused_hub_token_is_a_clear_error_and_never_printed(sandbox, refusing_hub, tmp_path):
@@ -111,7 +134,7 @@ def test_refused_hub_token_is_a_clear_error_and_never_printed(sandbox, refusing_
     assert "the hub refused deepseek-ai/DeepSeek-V4-Flash-0731@9e165c30e2704aec5d9d593cce3eebd58bbef1cb (HTTP 401)" in proc.stderr
     assert token not in proc.stdout + proc.stderr
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == \
-        [(SYNC, [node]), (RESTART, [node])]  # a shard was missing under the running head
+        [(SYNC, [node]), (RESTART, [node]), (SERVING, [node])]  # a shard was missing under the running head
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
 
 

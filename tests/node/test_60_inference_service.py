@@ -27,7 +27,8 @@ UNITS = {"sandbox-a": "grandpa.service", "sandbox-b0": "inference.service", "san
 CONTAINERS = {"sandbox-a": "grandpa", "sandbox-b0": "inference", "sandbox-b1": "inference"}
 HEADS = ("sandbox-a", "sandbox-b0")
 READY_S = 900  # a real vLLM loads and compiles first; three start at once on this 2-core machine
-GATE = [sys.executable, "-m", "pytest", "-q", "-rf", "tests/audit", "--inventory", INVENTORY, "-m", "serving"]
+AUDIT = [sys.executable, "-m", "pytest", "-q", "-rf", "tests/audit", "--inventory", INVENTORY]
+SERVING = "Inference service | Wait until it serves (heads: /health and the serving gate)"
 SANDBOX_DIR = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
 
 
@@ -53,8 +54,9 @@ def models(node: str) -> list[str]:
         return [m["id"] for m in json.load(r)["data"]]
 
 
-def gate(*limit: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*GATE, *limit], capture_output=True, text=True, timeout=READY_S + 600)
+def gate(*limit: str, marks: str = "serving") -> subprocess.CompletedProcess:
+    """The audit's serving checks (`-m serving`: the smoke; `-m drained`: the load-bearing gates)."""
+    return subprocess.run([*AUDIT, "-m", marks, *limit], capture_output=True, text=True, timeout=READY_S + 600)
 
 
 def test_real_vllm_answers_on_loopback_only(sandbox):
@@ -79,10 +81,15 @@ def test_two_nodes_form_one_tensor_parallel_job_and_a_serves_tp2(sandbox):
 
 
 def test_serving_gate_passes_on_both_heads(sandbox):
-    """The gate, B's concurrency proof (K=2 = --max-num-seqs) and both heads' KV capacity from the startup log;
-    the restart gate waits for --qualify."""
-    good = gate()
-    assert good.returncode == 0 and "4 passed, 2 skipped" in good.stdout, good.stdout[-3000:]
+    """The smoke on both heads (`-m serving`), then the drained gates: B's concurrency proof (K=2 = --max-num-seqs)
+    and both heads' KV capacity from the startup log; the restart gate waits for --qualify. Plain `pytest
+    tests/audit` sends no request: it deselects them all."""
+    smoke = gate()
+    assert smoke.returncode == 0 and "2 passed" in smoke.stdout, smoke.stdout[-3000:]
+    drained = gate(marks="drained and not long_context")
+    assert drained.returncode == 0 and "3 passed, 3 skipped" in drained.stdout, drained.stdout[-3000:]
+    plain = subprocess.run([*AUDIT, "--collect-only", "-q"], capture_output=True, text=True, timeout=300)
+    assert "deselected" in plain.stdout and "test_serving_gate" not in plain.stdout, plain.stdout[-3000:]
 
 
 def start_time(node: str) -> datetime:
@@ -117,7 +124,7 @@ def test_the_nccl_audit_fails_the_images_nccl_on_a_pair_marked_aarch64(sandbox, 
 
 def test_restart_gate_restarts_the_pair_worker_first_and_the_smoke_passes_after(sandbox):
     before = {n: start_time(n) for n in ("sandbox-b0", "sandbox-b1")}
-    proc = gate("--qualify", "--limit", "sandbox-b0", "-k", "restart")
+    proc = gate("--qualify", "--limit", "sandbox-b0", "-k", "restart", marks="drained")
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:]
     after = {n: start_time(n) for n in ("sandbox-b0", "sandbox-b1")}
     assert all(after[n] > before[n] for n in after), (before, after)
@@ -136,8 +143,8 @@ def test_qualification_gates_fail_naming_what_and_why(sandbox, tmp_path):
     head = '_node("sandbox-b0", 2202, node_rank=0,'
     inventory = inventory_copy(tmp_path, (head, head + " gate_concurrency=3, gate_kv_cache_min_tokens=10**9,"),
                                ('"--max-num-seqs", "2", ', ""))
-    bad = subprocess.run([*GATE, "--inventory", inventory, "--limit", "sandbox-b0",
-                          "-k", "serving_gate or kv_capacity"], capture_output=True, text=True, timeout=READY_S + 600)
+    bad = subprocess.run([*AUDIT, "--inventory", inventory, "--limit", "sandbox-b0", "-m", "drained",
+                          "-k", "concurrency or kv_capacity"], capture_output=True, text=True, timeout=READY_S + 600)
     assert bad.returncode == 1 and "2 failed" in bad.stdout, bad.stdout[-3000:]
     assert "concurrency: vllm:num_requests_running peaked at 2, want 3: not all scheduled together" in bad.stdout
     assert "vllm:num_requests_waiting reached 1" in bad.stdout
@@ -148,6 +155,25 @@ def test_noop_converge_keeps_the_same_processes(sandbox):
     before = {n: (main_pid(n), container_id(n)) for n in sandbox}
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
     assert {n: (main_pid(n), container_id(n)) for n in sandbox} == before
+
+
+def test_the_audit_against_a_stopped_service_fails_at_once_and_a_converge_waits_for_it(sandbox):
+    """A stopped service: the audit's serving check names the unit's state and journal without waiting out
+    service_ready_timeout_sec (900 s here); the converge that starts it ends only once it passed the gate."""
+    node = "sandbox-a"
+    assert on_node(node, f"systemctl stop {UNITS[node]}").returncode == 0
+    t0 = time.monotonic()
+    audit = gate("--limit", node)
+    took = time.monotonic() - t0
+    assert audit.returncode == 1 and "grandpa.service: the unit is inactive (dead)" in audit.stdout, audit.stdout[-3000:]
+    assert took < 120, f"the audit waited {took:.0f} s for a service that is not starting"
+    converge = pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)
+    changed = dict(changed_operations(converge))
+    assert changed["Inference service | Start or update heads and single nodes"] == [node] and changed[SERVING] == [node]
+    assert "passed the serving gate (7 checks" in converge.stderr, converge.stderr[-3000:]
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORTS[node]}/health", timeout=5) as r:
+        assert r.status == 200, "the converge ended before the service served"
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
 
 
 def test_a_flag_the_images_vllm_refuses_fails_the_host_and_keeps_the_service(sandbox, tmp_path):
@@ -298,7 +324,8 @@ def test_a_forced_full_rehash_repairs_under_the_running_service_and_restarts_it(
     forced = pyinfra("-v", "--json", INVENTORY, "deploys/all.py", "--limit", node, "--data", "model_verify_full=true")
     changed = [name for name, _ in changed_operations(forced)]
     assert changed == ["Model snapshot | Sync and verify the model snapshot",
-                       "Inference service | Start or update heads and single nodes"], changed
+                       "Inference service | Start or update heads and single nodes",
+                       "Inference service | Wait until it serves (heads: /health and the serving gate)"], changed
     assert "HASH model-00001-of-00004.safetensors" in forced.stderr
     assert "the model snapshot changed since grandpa.service started (repaired files): restarting it" in forced.stderr
     wait_ready(node)
@@ -311,8 +338,11 @@ def test_scrambled_model_answers_http_200_and_the_gate_names_the_nonsense(sandbo
     node = "sandbox-a"
     manifest = f"{SANDBOX_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{BROKEN_COMMIT}.json"
     broken = ["--limit", node, "--data", f"model_revision={BROKEN_COMMIT}", "--data", f"model_manifest={manifest}"]
-    pyinfra(INVENTORY, "deploys/all.py", *broken)  # the converge succeeds: the files are the pinned ones
-    wait_ready(node)
+    # the files are the pinned ones, the service answers HTTP 200: the converge's own gate fails the host
+    converge = pyinfra(INVENTORY, "deploys/all.py", *broken, check=False)
+    assert converge.returncode == 1, converge.stderr[-3000:]
+    assert f"{node}: grandpa.service answers /health but failed the serving gate: " in converge.stderr
+    assert "coherence: answer:" in converge.stderr and "its journal ends:" in converge.stderr, converge.stderr[-3000:]
     bad = gate("--limit", node)
     assert bad.returncode == 1
     assert f"{node}: coherence: answer:" in bad.stdout, bad.stdout[-3000:]

@@ -363,3 +363,82 @@ def test_a_gate_the_servers_own_limits_would_fail_is_refused(extra, key, expecte
     fits = validate_hosts(nodes({"gate_concurrency": 2, "gate_long_context_tokens": 1048576 - 16}))
     assert fits["b0"].gate_long_context_tokens == 1048560
 
+
+
+def _read(active="active", sub="running", restarts="0", invocation="i1", health=0, journal=(), result="success"):
+    props = f"ActiveState={active}\nSubState={sub}\nNRestarts={restarts}\nInvocationID={invocation}\nResult={result}\n"
+    return (props + "##inference-nodes-readiness:health\n" + f"{health}\n" + "##inference-nodes-readiness:journal\n"
+            + "".join(f"{line}\n" for line in journal))
+
+
+def _cfg(**changes):
+    from deploys.schema import NodeConfig
+
+    return NodeConfig.model_validate({**profile("rtx_pro_6000_pair"), **changes})
+
+
+def _node(reads):
+    """A node whose readiness reads are ``reads`` in turn (the last one repeats)."""
+    seen = []
+
+    def run(command):
+        seen.append(command)
+        return reads[min(len(seen), len(reads)) - 1]
+    return run, seen
+
+
+def test_wait_serving_shows_the_stage_and_returns_once_the_head_answers(monkeypatch):
+    from deploys import serving_gate
+
+    monkeypatch.setattr(serving_gate.time, "sleep", lambda s: None)
+    a = _cfg()
+    run, seen = _node([_read("activating", "start-pre"), _read(journal=["Loading safetensors checkpoint shards: 50%"]),
+                       _read(journal=["Capturing CUDA graphs (decode)"]), _read(health=200)])
+    told = []
+    ok, why, last = serving_gate.wait_serving(run, a, True, 600, told.append)
+    assert ok and why.startswith("grandpa.service answers /health after") and len(seen) == 4
+    assert any("loading weights" in t for t in told) and any("capturing graphs" in t for t in told), told
+    assert f"http://127.0.0.1:{a.api_port}/health" in seen[0]
+
+
+@pytest.mark.parametrize("reads, says", [
+    ([_read(), _read("activating", "auto-restart", result="exit-code", journal=["ValueError: bad gpu_memory_utilization"])],
+     "the unit is activating (auto-restart), result exit-code; its journal ends:\nValueError: bad gpu_memory_utilization"),
+    ([_read(), _read("failed", "failed", result="exit-code")], "the unit is failed (failed)"),
+    ([_read(), _read("inactive", "dead")], "the unit is inactive (dead)"),
+    ([_read(), _read(restarts="1", invocation="i2")], "the unit restarted while starting (restarts 0 -> 1"),
+])
+def test_wait_serving_fails_at_once_on_a_unit_that_is_not_starting(monkeypatch, reads, says):
+    from deploys import serving_gate
+
+    monkeypatch.setattr(serving_gate.time, "sleep", lambda s: None)
+    run, seen = _node(reads)
+    ok, why, _ = serving_gate.wait_serving(run, _cfg(), True, 600)
+    assert not ok and len(seen) == 2 and says in why, why
+
+
+def test_wait_serving_gives_up_after_its_bound_and_a_worker_needs_no_api(monkeypatch):
+    from deploys import serving_gate
+
+    clock = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(serving_gate.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(serving_gate.time, "sleep", lambda s: None)
+    run, seen = _node([_read(journal=["Loading weights"])])
+    ok, why, _ = serving_gate.wait_serving(run, _cfg(), True, 60)
+    assert not ok and "did not answer /health within service_ready_timeout_sec=60 s" in why and "Loading weights" in why
+    run, seen = _node([_read()])  # a worker: its unit runs; it serves no API
+    ok, why, _ = serving_gate.wait_serving(run, _cfg(), False, 60)
+    assert ok and "runs after" in why and "echo 0" in seen[0]
+
+
+def test_the_readiness_read_asks_the_real_api(server):
+    """The health part of the read, run by a shell against the stand-in server (systemctl may be missing here)."""
+    from deploys.serving_gate import parse_readiness, readiness_command
+
+    mode, url = server
+    cfg = _cfg(api_port=int(url.rsplit(":", 1)[1]))
+    out = subprocess.run(["sh", "-c", readiness_command(cfg, True)], capture_output=True, text=True, timeout=60).stdout
+    assert parse_readiness(out)["health"] == 200
+    cfg = _cfg(api_port=_free_port())
+    out = subprocess.run(["sh", "-c", readiness_command(cfg, True)], capture_output=True, text=True, timeout=60).stdout
+    assert parse_readiness(out)["health"] == 0
