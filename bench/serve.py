@@ -2,9 +2,13 @@
 """Serving benchmark: from a converged sandbox (`make demo`), the time from `systemctl start` to /health
 answering and to the serving gate passing, for the one-node profile (sandbox-a: deployment A's env
 contract, TP=2 in one node) and the two-node profile (sandbox-b0 + sandbox-b1: one TP=2 job across two
-nodes), first start (compile cache emptied) and restart (cache kept). Prints a table; not a test.
+nodes), first start (compile cache emptied) and restart (cache kept). Then, with `--converges`, the time a
+converge takes until it ends, gate passed (the converge waits for it): a first deploy (service stopped, no gate
+record, compile cache emptied), an upgrade to another model commit (the stand-in hub's other good commit;
+back to the inventory's after), and a failed upgrade (the scrambled commit: the gate fails; one node rolls
+back; a multi-node cluster is left as it is). Prints tables; not a test.
 
-    python bench/serve.py [--profiles one,two]
+    python bench/serve.py [--profiles one,two] [--converges]
 
 The other profile's services are stopped while one is measured (2 cores: they would share them), and
 everything is started again at the end.
@@ -22,7 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from deploys.inference_service import served_model_name  # noqa: E402
+from deploys.inference_service import gate_record_path, served_model_name  # noqa: E402
 from deploys.inventory import inventory_configs, load_inventory  # noqa: E402
 from deploys.serving_gate import GATE, wait_ready  # noqa: E402
 
@@ -60,14 +64,54 @@ def measure(nodes: list[str], configs, first: bool) -> tuple[float, float, str]:
     return ready, time.monotonic() - t0, "pass" if gate.returncode == 0 else "FAIL " + ",".join(failed)
 
 
+PYINFRA = os.path.join(os.path.dirname(sys.executable), "pyinfra")
+SANDBOX_DIR = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
+OTHER_GOOD = {"one": "9e165c30e2704aec5d9d593cce3eebd58bbef1cb", "two": "7872f01b1d1fe23eabc4c98b48bffcef5a386062"}
+
+
+def converge(inventory: str, nodes: list[str], *data: str) -> tuple[float, int, str]:
+    """Seconds a converge of ``nodes`` takes (it ends once the heads passed the gate, or failed), its exit status,
+    and its last line that says what happened to the release."""
+    args = [a for n in nodes for a in ("--limit", n)] + [a for d in data for a in ("--data", d)]
+    t0 = time.monotonic()
+    proc = subprocess.run([PYINFRA, "-y", inventory, "deploys/all.py", *args], capture_output=True, text=True,
+                          timeout=3600)
+    said = [line.strip() for line in proc.stderr.splitlines() if "rolled back" in line or "left as it is" in line
+            or "passed the serving gate (" in line]
+    return time.monotonic() - t0, proc.returncode, (said[-1][:160] if said else proc.stderr.strip()[-160:])
+
+
+def manifest_data(commit: str) -> list[str]:
+    return [f"model_revision={commit}",
+            f"model_manifest={SANDBOX_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{commit}.json"]
+
+
+def measure_converges(profile: str, configs, inventory: str) -> list[tuple[str, float, int, str]]:
+    from tests.sandbox.standin_hub import BROKEN_COMMIT
+
+    nodes = PROFILES[profile]
+    rows = []
+    for name in reversed(nodes):
+        cfg = configs[name]
+        on_node(name, f"systemctl stop {cfg.container_name}.service; rm -rf {cfg.jit_cache_dir}/vllm "
+                      f"{gate_record_path(cfg)}")
+    rows.append(("first deploy", *converge(inventory, nodes)))
+    rows.append(("upgrade to another model commit", *converge(inventory, nodes, *manifest_data(OTHER_GOOD[profile]))))
+    converge(inventory, nodes)  # back to the inventory's release
+    rows.append(("failed upgrade (scrambled commit)", *converge(inventory, nodes, *manifest_data(BROKEN_COMMIT))))
+    converge(inventory, nodes)
+    return rows
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", default="one,two")
     parser.add_argument("--inventory", default=os.path.join(ROOT, "inventories/sandbox.py"))
+    parser.add_argument("--converges", action="store_true", help="also time converges until the gate passed")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     configs = inventory_configs(load_inventory(args.inventory))
-    rows = []
+    rows, converges = [], []
     try:
         for profile in args.profiles.split(","):
             others = [n for p, ns in PROFILES.items() if p != profile for n in ns]
@@ -76,6 +120,8 @@ def main(argv: list[str]) -> int:
             for first in (True, False):
                 ready, gated, verdict = measure(PROFILES[profile], configs, first)
                 rows.append((profile, "first start" if first else "restart", ready, gated, verdict))
+            if args.converges:
+                converges += [(profile, *row) for row in measure_converges(profile, configs, args.inventory)]
     finally:
         for nodes in PROFILES.values():
             for name in nodes:
@@ -86,6 +132,13 @@ def main(argv: list[str]) -> int:
     for profile, kind, ready, gated, verdict in rows:
         label = {"one": "one node, TP=2 (A's env contract)", "two": "two nodes, TP=2 (B's launch flags)"}[profile]
         print(f"| {label} | {kind} | {ready:.1f} | {gated:.1f} | {verdict} |")
+    if converges:
+        print()
+        print("| profile | converge | until it ended (s) | exit | what it said last |")
+        print("|---|---|---:|---:|---|")
+        for profile, kind, seconds, rc, said in converges:
+            label = {"one": "one node", "two": "two nodes"}[profile]
+            print(f"| {label} | {kind} | {seconds:.1f} | {rc} | {said.replace('|', '/')} |")
     return 0
 
 

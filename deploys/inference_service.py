@@ -3,7 +3,9 @@ deployment, valid for the oldest Podman the lab runs (4.9.3, Ubuntu 24.04).
 
 The deploy installs the unit and its helpers, creates the persistent JIT/tmp directories, and starts
 workers (rank > 0) before heads; it restarts a running service only when its fingerprint (unit, fabric
-env, image) changed, so a converge leaves a healthy service alone.
+env, image) changed, so a converge leaves a healthy service alone. A converge that starts or restarts one
+ends only once it serves: workers running, each head answering /health and passing the serving gate
+(``service_serving``); the head records the release it passed with.
 
 4.9.3 traps the renderer avoids: an unknown [Container] key makes the generator drop the whole unit (so
 every key is checked against files/inference_service/quadlet-container-keys-podman-4.9.3.txt); only the
@@ -29,13 +31,14 @@ from pyinfra.operations import files
 
 from deploys.host_tuning import render_fabric_env
 from deploys.fact_cache import expect
-from deploys.inventory import node_cluster, node_config
-from deploys.model_snapshot import GATE, STAMP
+from deploys.inventory import inventory_configs, node_cluster, node_config
+from deploys.model_snapshot import GATE, MANIFEST, RECORD, STAMP
 from deploys.ops import (atomic_put, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
                          follow_up_stamp, host_failed, secret_file)
-from deploys.serving_gate import failed_checks, gate_checks, gate_command, parse_readiness, readiness_command, wait_serving
+from deploys.serving_gate import (failed_checks, gate_checks, gate_command, journal_told, parse_readiness, readiness_command,
+                                  wait_serving)
 from deploys.unit_text import command_line, env_file_line
-from deploys.schema import NodeConfig, cluster_head, cluster_of
+from deploys.schema import NodeConfig, cluster_head, cluster_of, clusters
 from facts.containers import GatePassed, ServiceStartedFrom
 from facts.host import ManagedFiles
 from files import helper_path
@@ -309,8 +312,43 @@ def restart_reason(running: bool, start: dict, fingerprint: str) -> str | None:
     return None
 
 
+def _cluster_all_here(state, host, cluster: str, members: list[str]) -> bool:
+    """Execute time: every other member of ``cluster`` is in this run and has not failed (the steps before the
+    restart have run on all of them by now: operations run one at a time across hosts)."""
+    others = [state.inventory.get_host(m) for m in members if m != host.name]
+    failed = [m.name for m in others if m in state.failed_hosts]
+    outside = [m.name for m in others if m not in state.failed_hosts and m not in state.active_hosts]
+    if not failed and not outside:
+        return True
+    why = [f"{', '.join(failed)} failed earlier in this run"] if failed else []
+    why += [f"{', '.join(outside)} {'is' if len(outside) == 1 else 'are'} not in this run (--limit, or unreachable)"] if outside else []
+    return host_failed(host, f"{host.name}: the launch of cluster {cluster} changes, but {' and '.join(why)}: no member's "
+                             f"unit changes, and the cluster keeps serving its current launch. Converge the whole "
+                             f"cluster once every member can take the change")
+
+
 @operation()
-def service_current(service: str, started_from: str, fingerprint: str, act: bool = True):
+def cluster_changes_whole(unit_path: str, unit_text: str, cluster: str, members: list[str]):
+    """A multi-node cluster changes as one: its members' units change only when every member is in this run and
+    none failed before the restart (pull, argument check, sync, apt), else every member fails naming the cause,
+    with no unit changed (a head cannot take a worker that runs another launch, nor a worker a head's).
+
+    + unit_path: the installed unit
+    + unit_text: the unit about to be installed
+    + cluster: the cluster's name
+    + members: the host names of every member
+    """
+    if len(members) < 2:
+        host.noop("a single-node cluster")
+        return
+    if host.get_fact(Sha256File, path=unit_path) == hashlib.sha256(unit_text.encode()).hexdigest():
+        host.noop("unit unchanged")
+        return
+    yield FunctionCommand(_cluster_all_here, (cluster, members), {})
+
+
+@operation()
+def service_current(service: str, started_from: str, fingerprint: str, record: str, act: bool = True):
     """Start ``service`` if it is down; restart it if it started from anything but the rendered unit and
     fabric env or from another verified snapshot (``restart_reason``); else leave it alone.
     The model gate runs first so a bad snapshot is reported here, not only in the journal.
@@ -318,6 +356,7 @@ def service_current(service: str, started_from: str, fingerprint: str, act: bool
     + service: the generated service name
     + started_from: the file the unit writes at each start (hash of what it started from)
     + fingerprint: hash of the rendered unit and fabric env
+    + record: the head's gate record, removed before a (re)start: the new start has passed no gate yet
     + act: False for hosts whose turn is another operation (workers start before heads)
     """
     if not act:
@@ -332,6 +371,7 @@ def service_current(service: str, started_from: str, fingerprint: str, act: bool
     if running and start["unit"] == fingerprint and start["verified"]:
         logger.info(f"{host.name}: {reason.replace('it started', f'{service} started')}: restarting it")
     yield StringCommand(GATE)
+    yield StringCommand("rm", "-f", record)
     yield StringCommand("systemctl", "restart" if running else "start", service)
 
 
@@ -353,49 +393,155 @@ def release_of(cfg: NodeConfig, unit_fingerprint: str) -> dict:
             "unit": unit_fingerprint}
 
 
-def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: str) -> bool:
-    """Execute time, on one node: wait for its service (a head: /health; a worker: running), showing the
-    service's stage as it goes; on a head run the serving gate and record the release it passed with. A unit
-    that fails or restarts, a wait past the bound, or a failed check fails the host with the journal's end."""
-    cfg = node_config(host)
-    sudo = {"_sudo": True} if host.data.get("_sudo") else {}
+RELEASES_DIR = "/var/lib/inference-nodes/releases"
 
-    def run(command: str) -> str:
-        return host.run_shell_command(StringCommand(command), **sudo)[1].stdout
 
-    def progress(line: str) -> None:
-        host.log_styled(line, log_func=logger.info)
+def release_files(cfg: NodeConfig) -> list[tuple[str, str, str]]:
+    """(name, path, mode) of every node file a release consists of beside its image and snapshot: what a rollback
+    puts back (the unit and its environment, the model's manifest, verify stamp, deep-verify record and start gate,
+    which name the snapshot the release serves)."""
+    out = [("unit.container", f"{UNIT_DIR}/{cfg.container_name}.container", "0644"),
+           ("service.env", service_env_path(cfg), "0600"), ("model-manifest.json", MANIFEST, "0644"),
+           ("model-verified.json", STAMP, "0644"), ("model-deep-verify.json", RECORD, "0644"),
+           ("model-gate", GATE, "0755")]
+    if cfg.model_layout == "hf_cache":
+        out.append(("refs-main", f"{cfg.model_dir}/refs/main", "0644"))
+    return out
 
+
+def good_release_dir(cfg: NodeConfig) -> str:
+    """The last good release of this node's service: a copy of its ``release_files`` taken when it passed the gate."""
+    return f"{RELEASES_DIR}/{cfg.container_name}/good"
+
+
+def save_good_command(cfg: NodeConfig, passed: dict) -> str:
+    """Keep the release that just passed the gate as the last good one: copied whole into a new directory (0700),
+    then swapped in by rename, so a run killed half-way leaves the previous good release."""
+    good = good_release_dir(cfg)
+    new, old = f"{good}.new", f"{good}.old"
+    copies = " && ".join(f"{{ [ ! -e {shlex.quote(path)} ] || cp -p {shlex.quote(path)} {new}/{name}; }}"
+                         for name, path, _ in release_files(cfg))  # a file the node never had stays absent
+    record = shlex.quote(json.dumps(passed, sort_keys=True) + "\n")
+    return (f"umask 077 && rm -rf {new} {old} && mkdir -p {new} && {copies} && printf %s {record} > {new}/release.json"
+            f" && {{ [ ! -e {good} ] || mv {good} {old}; }} && mv {new} {good} && rm -rf {old}")
+
+
+def restore_good_command(cfg: NodeConfig) -> str:
+    """Put the last good release's files back (each through a private temporary and a rename), reload the unit
+    and restart the service on it."""
+    good = good_release_dir(cfg)
+    installs = " && ".join(f"{{ [ ! -e {good}/{name} ] || {{ install -m {mode} {good}/{name} {shlex.quote(path)}.rollback && "
+                           f"mv -f {shlex.quote(path)}.rollback {shlex.quote(path)}; }}; }}"
+                           for name, path, mode in release_files(cfg))
+    unit = f"{UNIT_DIR}/{cfg.container_name}.container"
+    reloaded = follow_up_stamp(QUADLET_STAMP)  # the generator ran after the unit held these contents (follow_up_done)
+    return (f"umask 077 && {installs} && systemctl daemon-reload && umask 022 && mkdir -p {posixpath.dirname(reloaded)} && "
+            f"{files_fingerprint_command((unit,))} > {reloaded}.tmp && mv -f {reloaded}.tmp {reloaded} && "
+            f"systemctl restart {cfg.container_name}.service")
+
+
+def release_named(release: dict) -> str:
+    revision = release.get("model_revision") or "?"
+    return f"release {release.get('release')} (image {release.get('image')}, {release.get('model_repo')}@{revision[:12]})"
+
+
+def _serves(host, cfg: NodeConfig, head: bool, model: str, run, progress, sudo: dict) -> tuple[bool, str, dict]:
+    """Wait for the service of ``cfg`` (a head: /health; a worker: running), showing its stage as it goes; on a
+    head, then the serving gate. (ok, what happened, the unit's last read)."""
     ready, why, now = wait_serving(run, cfg, head, cfg.service_ready_timeout_sec, progress)
-    if not ready:
-        return host_failed(host, f"{host.name}: {why}")
+    if not ready or not head:
+        return ready, why, now
     progress(why)
-    if not head:
-        return True
     t0 = time.monotonic()
     ok, out = host.run_shell_command(StringCommand(gate_command(cfg, model)), **sudo)
     checks = gate_checks(out.stdout)
     failed = failed_checks(checks)
     if not ok or failed:
-        tail = "\n".join(parse_readiness(run(readiness_command(cfg, head)))["journal"][-15:])
+        journal = parse_readiness(run(readiness_command(cfg, head)))["journal"]
         told = "; ".join(failed) if checks else f"{failed[0]} ({out.stderr.strip()[-500:]})"
-        return host_failed(host, f"{host.name}: {cfg.container_name}.service answers /health but failed the serving "
-                                 f"gate: {told}; its journal ends:\n{tail}")
-    passed = {**release, "invocation": now.get("InvocationID"),
-              "passed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "checks": [c["check"] for c in checks]}
-    text = shlex.quote(json.dumps(passed, sort_keys=True) + "\n")
-    written = host.run_shell_command(StringCommand(
-        f"mkdir -p {posixpath.dirname(record)} && printf %s {text} > {record}.tmp && mv -f {record}.tmp {record}"),
-        **sudo)[0]
-    progress(f"passed the serving gate ({len(checks)} checks, {time.monotonic() - t0:.1f} s): release "
-             f"{release['release']} (image {release['image']}, {release['model_repo']}@{release['model_revision']})")
-    return written or host_failed(host, f"{host.name}: the serving gate passed, but {record} could not be written")
+        return False, (f"{cfg.container_name}.service answers /health but failed the serving gate: {told}"
+                       f"{journal_told(journal)}"), now
+    return True, f"passed the serving gate ({len(checks)} checks, {time.monotonic() - t0:.1f} s)", {**now, "checks": checks}
+
+
+def _wait_and_gate(state, host, head: bool, nodes: int, model: str, release: dict, record: str) -> bool:
+    """Execute time, on one node: wait until its service serves (``_serves``). A head that passes records the
+    release it passed with and keeps its files as the last good release. One that fails is handled by
+    ``failed_release_policy`` (rollback: the last good release put back, restarted and gated again), and the
+    host fails saying what failed and what the node serves now."""
+    cfg = node_config(host)
+    sudo = {"_sudo": True} if host.data.get("_sudo") else {}
+    service = f"{cfg.container_name}.service"
+
+    def run(command: str) -> str:
+        return host.run_shell_command(StringCommand(command), **sudo)[1].stdout
+
+    def run_ok(command: str) -> bool:
+        return host.run_shell_command(StringCommand(command), **sudo)[0]
+
+    def progress(line: str) -> None:
+        host.log_styled(line, log_func=logger.info)
+
+    def passed_record(serving: dict, now: dict) -> dict:
+        return {**serving, "invocation": now.get("InvocationID"),
+                "passed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "checks": [c["check"] for c in now.get("checks", [])]}
+
+    def write_record(passed: dict) -> bool:
+        text = shlex.quote(json.dumps(passed, sort_keys=True) + "\n")
+        return run_ok(f"mkdir -p {posixpath.dirname(record)} && printf %s {text} > {record}.tmp && "
+                      f"mv -f {record}.tmp {record}")
+
+    ok, why, now = _serves(host, cfg, head, model, run, progress, sudo)
+    if ok and not head:
+        progress(why)
+        return True
+    if ok:
+        passed = passed_record(release, now)
+        if not (run_ok(save_good_command(cfg, passed)) and write_record(passed)):
+            return host_failed(host, f"{host.name}: the serving gate passed, but {record} could not be written")
+        progress(f"{why}: {release_named(release)}, kept as the last good release")
+        return True
+    failure = f"{host.name}: {why}"
+    policy = cfg.failed_release_policy
+    if not head:
+        return host_failed(host, failure)
+    if nodes > 1 and policy == "rollback":
+        return host_failed(host, f"{failure}\n{host.name}: {service} left as it is: a multi-node cluster is not "
+                                 f"rolled back yet (its workers would keep the new launch)")
+    if policy == "keep":
+        return host_failed(host, f"{failure}\n{host.name}: {service} left as it is (failed_release_policy=keep)")
+    if policy == "stop":
+        stopped = run_ok(f"systemctl stop {service}")
+        return host_failed(host, f"{failure}\n{host.name}: {service} " + (
+            "stopped (failed_release_policy=stop)" if stopped else "could not be stopped"))
+    text = run(f"cat {good_release_dir(cfg)}/release.json 2>/dev/null; true").strip()
+    try:
+        good = json.loads(text) if text else None
+    except ValueError:
+        good = None
+    if not good:
+        return host_failed(host, f"{failure}\n{host.name}: no release has passed the serving gate on this node yet: "
+                                 f"nothing to roll back to ({service} left as it is)")
+    if good.get("release") == release["release"]:
+        return host_failed(host, f"{failure}\n{host.name}: this is the last good release itself: nothing older to "
+                                 f"roll back to ({service} left as it is)")
+    progress(f"{release_named(release)} failed: rolling back to the last good {release_named(good)}")
+    if not run_ok(restore_good_command(cfg)):
+        return host_failed(host, f"{failure}\n{host.name}: the rollback to {release_named(good)} could not put its "
+                                 f"files back")
+    back, why_back, now_back = _serves(host, cfg, head, model, run, progress, sudo)
+    if not back:
+        return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, which failed too: "
+                                 f"{why_back}")
+    write_record(passed_record({k: v for k, v in good.items() if k in release}, now_back))
+    return host_failed(host, f"{failure}\n{host.name}: rolled back: {service} serves the last good "
+                             f"{release_named(good)} again (it passed the serving gate)")
 
 
 @operation()
 def service_serving(service: str, started_from: str, fingerprint: str, release: dict, record: str, head: bool,
-                    model: str):
+                    nodes: int, model: str):
     """Done means serving: after a start or restart, wait for the service (workers: running; heads: /health,
     bounded by ``service_ready_timeout_sec``, with its stage shown) and pass the serving gate on each head.
     Decided from state: a service that runs what the converge renders, and (a head) whose gate record names this
@@ -408,6 +554,7 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
     + release: what the inventory asks the service to run (``release_of``)
     + record: the head's gate record (``gate_record_path``)
     + head: rank 0 (or a single node): serves the API and is gated
+    + nodes: the cluster's size (a failed multi-node release is not rolled back yet)
     + model: the name clients ask for
     """
     running = host.get_fact(SystemdStatus, services=[service]).get(service)
@@ -422,7 +569,7 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
         if current and last.get("release") == release["release"]:
             host.noop(f"{service} passed the serving gate for release {release['release']} at {last.get('passed_at')}")
             return
-    yield FunctionCommand(_wait_and_gate, (head, model, release, record), {})
+    yield FunctionCommand(_wait_and_gate, (head, nodes, model, release, record), {})
 
 
 @deploy("Inference service")
@@ -456,6 +603,9 @@ def inference_service():
     check = args_check_command(cfg, vllm_argv(cfg, head, nodes)) if cfg.vllm_launch == "cli" else None
     vllm_accepts(name="Check the new command line with the image's own vLLM", unit_path=unit_path,
                  unit_text=unit_text, check=check)
+    members = [name for name, _ in clusters(inventory_configs(host.inventory))[cfg.cluster_name]]
+    cluster_changes_whole(name="Change a multi-node cluster only as a whole", unit_path=unit_path, unit_text=unit_text,
+                          cluster=cfg.cluster_name, members=members)
     secret_file(batch=batch, name="Write the service environment (0600, never printed)",
                 src=StringIO(render_service_env(cfg, head, nodes)), dest=env_path, private_dir=False)
     atomic_put(batch=batch, name="Install the Quadlet unit", src=StringIO(unit_text), dest=unit_path,
@@ -463,10 +613,11 @@ def inference_service():
     follow_up_done(name="Run the Quadlet generator (daemon-reload)", stamp=QUADLET_STAMP,
                    command="systemctl daemon-reload", paths=(unit_path,), contents=(unit_text,))
     fp = fingerprint(unit_text, cfg, head, nodes)
+    record = gate_record_path(cfg)
     service_current(name="Start or update workers (rank > 0) before heads", service=service, started_from=started,
-                    fingerprint=fp, act=not cfg.is_head)
+                    fingerprint=fp, record=record, act=not cfg.is_head)
     service_current(name="Start or update heads and single nodes", service=service, started_from=started,
-                    fingerprint=fp, act=cfg.is_head)
+                    fingerprint=fp, record=record, act=cfg.is_head)
     service_serving(name="Wait until it serves (heads: /health and the serving gate)", service=service,
-                    started_from=started, fingerprint=fp, release=release_of(cfg, fp), record=gate_record_path(cfg),
-                    head=cfg.is_head, model=served_model_name(cfg))
+                    started_from=started, fingerprint=fp, release=release_of(cfg, fp), record=record,
+                    head=cfg.is_head, nodes=nodes, model=served_model_name(cfg))

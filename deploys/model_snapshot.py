@@ -24,6 +24,7 @@ from deploys.apt_state import APT_READS, apt_lists_updated
 from deploys.fact_cache import expect
 from deploys.inventory import node_config
 from deploys.ops import atomic_put, fail_host, refuse, secret_file
+from deploys.run_state import this_run
 from deploys.schema import NodeConfig
 from facts.host import FreeBytes, ManagedFiles
 from facts.model import ModelVerification, SeedDaemon
@@ -99,8 +100,13 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
         return
     result = model_fanout.recorded_verdict(host.name) if wave > 0 else None  # unchanged since the first wave
     if result is None:
-        result = host.get_fact(ModelVerification, verifier=VERIFIER, manifest=MANIFEST, snapshot_dir=snapshot_dir,
-                               stamp=STAMP, record=RECORD, full=node_config().model_verify_full)
+        # the plan writes and hashes nothing (a plan that re-hashed would also rewrite the stamp of the snapshot that
+        # is serving); where the stamp cannot vouch, the hashing verdict is read when the run executes
+        verdict = dict(verifier=VERIFIER, manifest=MANIFEST, snapshot_dir=snapshot_dir, stamp=STAMP, record=RECORD,
+                       full=node_config().model_verify_full)
+        result = host.get_fact(ModelVerification, **verdict, plan=True)
+        if result.get("needs_hash") and this_run().is_executing:
+            result = host.get_fact(ModelVerification, **verdict)
         model_fanout.record_verdict(host.name, result)
     if result.get("ok"):
         host.noop(f"{result['files']} files verified ({result['mode']}), {result['manifest_digest']}")

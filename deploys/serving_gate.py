@@ -104,7 +104,7 @@ STAGES = (
                                            r"Application startup", re.I)),
 )
 _READ_MARK = "##inference-nodes-readiness:"
-JOURNAL_LINES = 40  # read at each look; the failure message shows the last 15
+JOURNAL_LINES = 200  # read at each look (a crash's reason before its restart noise); a failure shows the last 15
 
 
 def readiness_command(cfg: NodeConfig, head: bool) -> str:
@@ -146,6 +146,18 @@ def startup_stage(journal: list[str]) -> str:
     return ""
 
 
+ERROR_LINE = re.compile(r"\b\w*(Error|Exception)\b|\berror:|Input should be", re.I)
+
+
+def journal_told(journal: list[str], lines: int = 15) -> str:
+    """The end of a service's journal for a failure message, led by its first error line when that scrolled off
+    (a crash's reason comes before the restart noise)."""
+    tail = journal[-lines:]
+    first = next((line for line in journal if ERROR_LINE.search(line)), None)
+    lead = f"; first error: {first.strip()[:400]}" if first and first not in tail else ""
+    return f"{lead}; its journal ends:\n" + "\n".join(tail) if journal else f"{lead}; its journal is empty"
+
+
 def readiness_verdict(now: dict, first: dict, head: bool) -> tuple[str, str]:
     """("ready" | "wait" | "failed", why) for a service read ``now``, ``first`` being the first read of this wait.
     A head is ready when its unit is active and /health answers 200, a worker when its unit runs. A unit that is
@@ -182,12 +194,11 @@ def wait_serving(run: Callable[[str], str], cfg: NodeConfig, head: bool, timeout
         service = f"{cfg.container_name}.service"
         if verdict == "ready":
             return True, f"{service} {'answers /health' if head else 'runs'} after {elapsed:.0f} s", now
-        tail = "\n".join(now["journal"][-15:])
         if verdict == "failed":
-            return False, f"{service}: {why}; its journal ends:\n{tail}", now
+            return False, f"{service}: {why}{journal_told(now['journal'])}", now
         if elapsed >= timeout:
             return False, (f"{service} did not answer /health within service_ready_timeout_sec={timeout:g} s "
-                           f"({why}); its journal ends:\n{tail}"), now
+                           f"({why}){journal_told(now['journal'])}"), now
         stage = startup_stage(now["journal"])
         if progress and (stage != told or elapsed - told_at >= every):
             progress(f"waiting for {service}: {elapsed:.0f} s, {why}" + (f", {stage}" if stage else ""))

@@ -12,7 +12,8 @@ from pyinfra.api.exceptions import FactProcessError
 
 class ModelVerification(FactBase[dict]):
     """Run the node's verifier (stamp fast path unless ``full`` or no full re-hash is on record) and return
-    its JSON verdict (a full run records its verdict in ``record``).
+    its JSON verdict (a full run records its verdict in ``record``). ``plan``: write and hash nothing (what a
+    converge's plan may do: where the stamp cannot vouch, the verdict says ``needs_hash``).
 
     ``{"ok": False, "not_installed": True}`` until the verifier and manifest are on the node.
     """
@@ -20,10 +21,10 @@ class ModelVerification(FactBase[dict]):
     default = dict
 
     def command(self, verifier: str, manifest: str, snapshot_dir: str, stamp: str, record: str,
-                full: bool = False) -> str:
+                full: bool = False, plan: bool = False) -> str:
         v, m, d, s, r = (shlex.quote(x) for x in (verifier, manifest, snapshot_dir, stamp, record))
         # a full re-hash when asked, and on a node that has no record of one (new, or upgraded to the timer)
-        flags = " --full" if full else f" $([ -f {r} ] || echo --full)"
+        flags = (" --full" if full else f" $([ -f {r} ] || echo --full)") + (" --plan" if plan else "")
         return (
             f"if [ -f {v} ] && [ -f {m} ]; then python3 {v} {m} {d} --stamp {s} --record {r} --json --quiet{flags}; "
             f"[ $? -le 1 ]; else echo '{{\"ok\": false, \"not_installed\": true}}'; fi"

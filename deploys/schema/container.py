@@ -125,6 +125,12 @@ class ContainerKeys(ComponentKeys):
         "init + 12.6 s compile from warm disks; ~160 GB from cold NVMe takes minutes); a unit that fails or "
         "restarts meanwhile fails at once", ge=30, le=7 * 86400,
     )
+    failed_release_policy: Literal["rollback", "stop", "keep"] = _key(
+        "rollback", description="when a (re)started head fails to serve or fails the serving gate: `rollback` puts back "
+        "its last good release (unit, environment, model manifest and stamp; the image and an `hf_cache` snapshot are "
+        "still on the node), restarts it and gates it again; `stop` stops the service; `keep` leaves it as it is. The "
+        "host fails in every case, saying which. Multi-node clusters are kept as they are for now",
+    )
     service_timeout_stop_sec: int = _key(120, description="`TimeoutStopSec=`", ge=1, le=86400)
     service_restart_sec: int = _key(30, description="`RestartSec=` after a failure", ge=0, le=86400)
     service_worker_grace_sec: int = _key(

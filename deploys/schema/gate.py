@@ -10,7 +10,7 @@ class GateKeys(ComponentKeys):
     """The serving gate's qualification checks, each off unless the profile sets it."""
 
     gate_restart: bool = _key(
-        False, description="qualification (`pytest tests/audit -m serving --qualify`): restart the service, workers "
+        False, description="qualification (`pytest tests/audit -m drained --qualify`, a drained node): restart the service, workers "
         "before the head, wait for /health and rerun the smoke requests",
     )
     gate_concurrency: int = _key(

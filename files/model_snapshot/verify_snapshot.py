@@ -189,9 +189,11 @@ def structural_problems(manifest: dict, root: str, refetch: list[str] | None = N
 
 def verify(manifest_path: str, root: str, stamp_path: str | None = None, full: bool = False,
            jobs: int | None = None, progress=None, max_rate: float | None = None, drop_cold: bool = False,
-           write: bool = True) -> dict:
+           write: bool = True, hash_files: bool = True) -> dict:
     """Verify and (when good) stamp. Returns {"ok", "problems", "manifest_digest", "files", "hashed", "mode"}.
-    ``write=False`` checks only: no stamp is written or deleted."""
+    ``write=False`` checks only: no stamp is written or deleted. ``hash_files=False`` (a converge's plan) hashes
+    nothing either: where the stamp cannot vouch for the files (or ``full`` asks for a re-hash), the verdict is
+    "not ok, ``needs_hash``", with what the file set and sizes already show."""
     started = time.monotonic()
     manifest = read_manifest(manifest_path)
     digest = manifest_digest(manifest)
@@ -203,6 +205,16 @@ def verify(manifest_path: str, root: str, stamp_path: str | None = None, full: b
     refetch: list[str] = []
     extra: list[str] = []
     problems, to_hash = structural_problems(manifest, root, refetch, extra)
+    if not hash_files:
+        stamp = read_stamp(stamp_path)
+        why = ("a full re-hash is due" if full else "no verify stamp" if stamp is None else
+               f"verified against {stamp.get('manifest_digest')}" if stamp.get("manifest_digest") != digest else
+               "; ".join(stamp_changes(stamp, root, manifest)[:5]) or "changed since it was verified")
+        problems.append(f"UNVERIFIED {len(to_hash)} file(s) to hash: {why}")
+        return {**result, "ok": False, "problems": problems, "mode": "plan", "needs_hash": True,
+                "refetch": sorted(refetch), "extra": extra,
+                "refetch_bytes": sum(e["size"] for e in manifest["files"] if e["path"] in set(refetch)),
+                "seconds": round(time.monotonic() - started, 3)}
     to_hash.sort(key=lambda e: -e["size"])  # largest first: the last file to finish is a small one
     limit = RateLimit(max_rate) if max_rate else None
     want = {e["path"]: (e.get("sha256") or e.get("git_sha1")) for e in to_hash}
@@ -280,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drop-cold", action="store_true", help="drop files that were not cached once hashed")
     ap.add_argument("--stop-service", metavar="UNIT", help="on a bad verdict, `systemctl stop UNIT`")
     ap.add_argument("--check-only", action="store_true", help="write and delete nothing (audits)")
+    ap.add_argument("--plan", action="store_true", help="write, delete and hash nothing: what the stamp and the file "
+                    "set say (a converge's plan)")
     ap.add_argument("--remove", metavar="WITHIN", help="delete PATH... from DIR (a link's target too if it is "
                                                        "inside WITHIN); put `--` before MANIFEST")
     ap.add_argument("paths", nargs="*", metavar="PATH")
@@ -308,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
 
         result = verify(args.manifest, args.dir, args.stamp, args.full, args.jobs, progress,
                         max_rate=args.max_rate * 1e6 if args.max_rate else None, drop_cold=args.drop_cold,
-                        write=not args.check_only)
-        if args.record and result["mode"] == "full" and not args.check_only:
+                        write=not (args.check_only or args.plan), hash_files=not args.plan)
+        if args.record and result["mode"] == "full" and not (args.check_only or args.plan):
             write_record(args.record, result)
     except (OSError, ValueError) as e:
         print(f"verify: {e}", file=sys.stderr)

@@ -75,7 +75,7 @@ fabric_env = {
 # - "both requests stayed scheduled (running=2, waiting=0) and each generated 1,005 exact bounded tokens";
 #   its 95.48 tok/s aggregate is reported by the gate, not required (the write-up: "not a universal
 #   throughput floor");
-# - "Production service restart and post-restart smoke: passed" (run with `pytest tests/audit -m serving --qualify`).
+# - "Production service restart and post-restart smoke: passed" (run with `pytest tests/audit -m drained --qualify`).
 gate_kv_cache_min_tokens = 1372579
 gate_kv_min_concurrency = 1.31
 gate_concurrency = 2

@@ -11,6 +11,9 @@ from deploys.inference_service import (
     UNIT_DIR,
     container_argv,
     fingerprint,
+    gate_record_path,
+    release_named,
+    release_of,
     render_cluster,
     render_service_env,
     service_env_path,
@@ -48,6 +51,20 @@ def test_service_environment_only_in_a_root_only_file(node, pytestconfig):
     unit = node.host.file(f"{UNIT_DIR}/{node.cfg.container_name}.container").content_string
     for key, value in node.cfg.service_env.items():
         assert f"{key}={value}" not in shown and f"{key}={value}" not in unit, key
+
+
+def test_serves_the_release_the_inventory_asks_for(node, head_only, pytestconfig):
+    """The release the head last passed the serving gate with (recorded by the converge) is the one the inventory
+    asks for: the image, the model commit and manifest, the unit and its environment."""
+    head, nodes = _cluster(node, pytestconfig)
+    wanted = release_of(node.cfg, fingerprint(_expected_unit(node, pytestconfig.getoption("inventory")), node.cfg, head, nodes))
+    record = node.host.file(gate_record_path(node.cfg))
+    assert record.is_file, (f"{node.name}: no serving gate has passed since a converge last (re)started "
+                            f"{node.cfg.container_name}.service ({record.path} is missing)")
+    served = json.loads(record.content_string)
+    assert served.get("release") == wanted["release"], (
+        f"{node.name}: serves {release_named(served)} (passed the serving gate {served.get('passed_at')}); "
+        f"the inventory asks for {release_named(wanted)}")
 
 
 def test_generated_service_running_behind_the_gate(node):

@@ -19,7 +19,7 @@ import urllib.request
 from datetime import datetime
 
 from deploys import serving_gate
-from tests.node.conftest import INVENTORY, changed_operations, inventory_copy, on_node, pyinfra
+from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, inventory_copy, on_node, pyinfra
 from tests.sandbox.standin_hub import BROKEN_COMMIT
 
 PORTS = {"sandbox-a": 8101, "sandbox-b0": 8102}
@@ -88,8 +88,9 @@ def test_serving_gate_passes_on_both_heads(sandbox):
     assert smoke.returncode == 0 and "2 passed" in smoke.stdout, smoke.stdout[-3000:]
     drained = gate(marks="drained and not long_context")
     assert drained.returncode == 0 and "3 passed, 3 skipped" in drained.stdout, drained.stdout[-3000:]
-    plain = subprocess.run([*AUDIT, "--collect-only", "-q"], capture_output=True, text=True, timeout=300)
-    assert "deselected" in plain.stdout and "test_serving_gate" not in plain.stdout, plain.stdout[-3000:]
+    plain = subprocess.run([*AUDIT, "--collect-only"], capture_output=True, text=True, timeout=300)
+    assert "deselected" in plain.stdout and "::test_serving_gate[" not in plain.stdout, plain.stdout[-3000:]
+    assert "::test_kv_capacity[" not in plain.stdout and "::test_unit_installed_as_rendered[" in plain.stdout
 
 
 def start_time(node: str) -> datetime:
@@ -191,6 +192,30 @@ def test_a_flag_the_images_vllm_refuses_fails_the_host_and_keeps_the_service(san
         assert on_node(node, "cat /etc/containers/systemd/inference.container").stdout == unit
         assert (main_pid(node), container_id(node)) == before
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
+
+
+def test_a_pair_changes_as_one_or_not_at_all(sandbox, tmp_path):
+    """A launch change for the pair (one more vLLM flag on both) while sandbox-b1 fails before its restart (a toolkit
+    version its apt repository does not have), and again with sandbox-b1 outside --limit: no unit changes on either
+    node, both keep serving the launch they run (same processes), and the head's failure names the cause."""
+    pair = ("sandbox-b0", "sandbox-b1")
+    unit = "/etc/containers/systemd/inference.container"
+    before = {n: (main_pid(n), container_id(n), on_node(n, f"cat {unit}").stdout) for n in pair}
+    flag = ("vllm_args=_CPU_VLLM_ARGS,", 'vllm_args=_CPU_VLLM_ARGS + ["--max-log-len", "64"],')
+    b1 = '_node("sandbox-b1", 2203, node_rank=1,'
+    failing = inventory_copy(tmp_path, flag, (b1, b1 + ' nvidia_toolkit_version="1.18.9-1",'))
+    proc = pyinfra(failing, "deploys/all.py", "--limit", "gb10_dspark", check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert ("sandbox-b0: the launch of cluster gb10-dspark changes, but sandbox-b1 failed earlier in this run: no "
+            "member's unit changes") in proc.stderr, proc.stderr[-3000:]
+    assert {n: (main_pid(n), container_id(n), on_node(n, f"cat {unit}").stdout) for n in pair} == before
+    (tmp_path / "whole").mkdir()
+    changed = inventory_copy(tmp_path / "whole", flag)
+    proc = pyinfra(changed, "deploys/all.py", "--limit", "sandbox-b0", check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "sandbox-b1 is not in this run (--limit, or unreachable)" in proc.stderr, proc.stderr[-3000:]
+    assert {n: (main_pid(n), container_id(n), on_node(n, f"cat {unit}").stdout) for n in pair} == before
+    pyinfra(INVENTORY, "deploys/all.py", "--limit", "sandbox-b1")  # whatever the failed toolkit install left
 
 
 def test_a_hand_edited_unit_is_restored_and_the_service_restarted(sandbox):
@@ -334,21 +359,74 @@ def test_a_forced_full_rehash_repairs_under_the_running_service_and_restarts_it(
     assert gate("--limit", node).returncode == 0
 
 
-def test_scrambled_model_answers_http_200_and_the_gate_names_the_nonsense(sandbox):
+def test_showing_the_plan_of_a_revision_bump_changes_nothing_on_the_node(sandbox):
+    """The plan of an upgrade to another commit, shown and declined (no `-y`, the prompt answered "n") or `--dry`:
+    the plan's verdicts write and hash nothing, so the serving snapshot's stamp, the deep-verify record, the gate
+    record and the service are as they were, and the start gate still opens."""
     node = "sandbox-a"
+    other = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"  # the stand-in hub's other good commit
+    manifest = f"{SANDBOX_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{other}.json"
+    kept = ("/var/lib/inference-nodes/model-verified.json", RECORD,
+            "/var/lib/inference-nodes/grandpa.gate-passed.json", "/etc/inference-nodes/model-manifest.json")
+
+    def state():
+        return {p: on_node(node, f"cat {p}").stdout for p in kept}, main_pid(node)
+
+    before = state()
+    bump = [INVENTORY, "deploys/all.py", "--limit", node, "--data", f"model_revision={other}",
+            "--data", f"model_manifest={manifest}"]
+    for how, extra, answer in (("declined", [], "n\n"), ("dry", ["--dry"], None)):
+        plan = subprocess.run([PYINFRA, *bump, *extra], input=answer, capture_output=True, text=True, timeout=600)
+        shown = plan.stdout + plan.stderr
+        assert "Sync and verify the model snapshot" in shown, (how, shown[-3000:])
+        assert state() == before, f"the {how} plan changed the node"
+    assert on_node(node, "inference-nodes-model-gate").returncode == 0
+
+
+def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_back(sandbox, tmp_path):
+    """An upgrade to the stand-in hub's scrambled commit: its files are the pinned ones, the service answers HTTP 200
+    with nonsense. The converge's own gate fails on coherence, the node goes back to its last good release (unit,
+    environment, manifest, stamp; the good snapshot was synced beside, never touched) and says so."""
+    node = "sandbox-a"
+    good_snapshot = on_node(node, "inference-nodes-model-gate").stdout
     manifest = f"{SANDBOX_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{BROKEN_COMMIT}.json"
     broken = ["--limit", node, "--data", f"model_revision={BROKEN_COMMIT}", "--data", f"model_manifest={manifest}"]
-    # the files are the pinned ones, the service answers HTTP 200: the converge's own gate fails the host
     converge = pyinfra(INVENTORY, "deploys/all.py", *broken, check=False)
     assert converge.returncode == 1, converge.stderr[-3000:]
     assert f"{node}: grandpa.service answers /health but failed the serving gate: " in converge.stderr
     assert "coherence: answer:" in converge.stderr and "its journal ends:" in converge.stderr, converge.stderr[-3000:]
-    bad = gate("--limit", node)
-    assert bad.returncode == 1
-    assert f"{node}: coherence: answer:" in bad.stdout, bad.stdout[-3000:]
-    pyinfra(INVENTORY, "deploys/all.py", "--limit", node)  # back to the inventory's commit
-    wait_ready(node)
+    assert f"{node}: rolled back: grandpa.service serves the last good release " in converge.stderr, converge.stderr[-3000:]
+    assert f"@{BROKEN_COMMIT[:12]}" in converge.stderr and "@7872f01b1d1f" in converge.stderr
+    assert on_node(node, "inference-nodes-model-gate").stdout == good_snapshot, "the good snapshot, verified as before"
+    assert gate("--limit", node).returncode == 0, "serving the good model again, without another converge"
+    audit = subprocess.run([*AUDIT, "--limit", node, "-k", "release"], capture_output=True, text=True, timeout=300)
+    assert audit.returncode == 0 and "1 passed" in audit.stdout, audit.stdout[-3000:]
+    # an inventory that asks for the broken commit: the audit names the release served and the one asked for
+    asking = inventory_copy(tmp_path, ("service_env=_A_ENV, **_manifest(_A))",
+                                       f'service_env=_A_ENV, model_revision="{BROKEN_COMMIT}", **_manifest("{BROKEN_COMMIT}"))'))
+    differs = subprocess.run([*AUDIT, "--inventory", asking, "--limit", node, "-k", "release"], capture_output=True,
+                             text=True, timeout=300)
+    assert differs.returncode == 1 and "@7872f01b1d1f" in differs.stdout, differs.stdout[-3000:]
+    assert "the inventory asks for release " in differs.stdout and f"@{BROKEN_COMMIT[:12]}" in differs.stdout
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
+
+
+def test_a_release_whose_engine_refuses_to_start_fails_the_converge_with_the_reason(sandbox, tmp_path):
+    """`--gpu-memory-utilization 1.2` (A's script turns GPU_MEMORY_UTILIZATION into it): vLLM 0.21's argument parser
+    accepts it, its engine refuses it at start (CacheConfig: less than or equal to 1). The converge fails the host
+    as soon as the unit fails, with the reason from the journal, instead of reporting success."""
+    node = "sandbox-a"
+    inventory = inventory_copy(tmp_path, ('"MAX_MODEL_LEN": "2048",', '"MAX_MODEL_LEN": "2048", "GPU_MEMORY_UTILIZATION": "1.2",'))
+    t0 = time.monotonic()
+    proc = pyinfra(inventory, "deploys/all.py", "--limit", node, check=False)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"{node}: grandpa.service: the unit is " in proc.stderr, proc.stderr[-3000:]
+    assert "Input should be less than or equal to 1" in proc.stderr, proc.stderr[-3000:]
+    assert took < 600, f"the converge waited {took:.0f} s for a unit that had failed"
+    assert f"{node}: rolled back: grandpa.service serves the last good release " in proc.stderr, proc.stderr[-3000:]
     assert gate("--limit", node).returncode == 0
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
 
 
 def test_service_back_after_a_reboot_with_the_gate_in_force(sandbox):

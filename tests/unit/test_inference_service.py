@@ -1,6 +1,7 @@
 """Quadlet units rendered for the three reference deployments: Podman 4.9.3's key allow-list, the golden
 comparison with deployment A's write-up unit, multi-node env, and the RoCE GID lookup."""
 
+import json
 import os
 import shlex
 
@@ -262,3 +263,86 @@ def test_fabric_profiles_pass_rdma_devices_and_a_shm_of_their_own():
     a = unit_sections(UNITS["rtx-pro-a.lab.example"])["Container"]
     assert "ShmSize" not in dict(a) and "--ipc=host" in dict(a)["PodmanArgs"]
     assert ("AddDevice", "/dev/infiniband") not in a
+
+
+def test_the_last_good_release_is_kept_whole_and_put_back_by_the_shell_commands(tmp_path, monkeypatch):
+    """save_good_command / restore_good_command run by a real shell on files under tmp_path (systemctl a stub that
+    logs): the release's files come back byte for byte with their modes, the env file never readable by others on
+    the way, the Quadlet follow-up stamp records the restored unit, and a second save replaces the first whole."""
+    import stat
+    import subprocess
+
+    from deploys import inference_service as svc
+    from deploys.ops import content_fingerprint
+    from deploys.schema import NodeConfig
+    from tests.unit.profiles import profile
+
+    root = tmp_path / "node"
+    paths = {"UNIT_DIR": root / "units", "MANIFEST": root / "m.json", "STAMP": root / "stamp.json",
+             "RECORD": root / "record.json", "GATE": root / "gate", "RELEASES_DIR": root / "releases"}
+    for name, path in paths.items():
+        monkeypatch.setattr(svc, name, str(path))
+    env_path = root / "svc.env"
+    monkeypatch.setattr(svc, "service_env_path", lambda cfg: str(env_path))
+    monkeypatch.setattr(svc, "follow_up_stamp", lambda name: str(root / "follow-ups" / name))
+    cfg = NodeConfig.model_validate({**profile("gb10_dspark"), "node_rank": 0, "fabric_address": "198.51.100.20",
+                                     "tensor_parallel_size": 1})
+    files = svc.release_files(cfg)
+    assert [n for n, _, _ in files] == ["unit.container", "service.env", "model-manifest.json", "model-verified.json",
+                                        "model-deep-verify.json", "model-gate"]  # plain layout: no refs/main
+    (root / "units").mkdir(parents=True)
+    for name, path, mode in files:
+        with open(path, "w") as f:
+            f.write(f"good {name}\n")
+        os.chmod(path, int(mode, 8))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/systemctl.log\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def sh(command):
+        return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, timeout=60)
+
+    assert sh(svc.save_good_command(cfg, {"release": "r1"})).returncode == 0
+    good = root / "releases" / cfg.container_name / "good"
+    assert json.loads((good / "release.json").read_text()) == {"release": "r1"}
+    assert stat.S_IMODE(good.stat().st_mode) == 0o700 and stat.S_IMODE((good / "service.env").stat().st_mode) == 0o600
+    for name, path, mode in files:  # the new release, written over the good one
+        with open(path, "w") as f:
+            f.write(f"bad {name}\n")
+    restored = sh(svc.restore_good_command(cfg))
+    assert restored.returncode == 0, restored.stderr
+    for name, path, mode in files:
+        assert open(path).read() == f"good {name}\n" and stat.S_IMODE(os.stat(path).st_mode) == int(mode, 8), name
+    unit = files[0][1]
+    assert open(root / "follow-ups" / svc.QUADLET_STAMP).read().strip() == content_fingerprint(open(unit).read())
+    assert open(tmp_path / "systemctl.log").read().split("\n")[:2] == ["daemon-reload", f"restart {cfg.container_name}.service"]
+    assert not list(root.rglob("*.rollback")) and not list((root / "releases").rglob("good.*"))
+    assert sh(svc.save_good_command(cfg, {"release": "r2"})).returncode == 0
+    assert json.loads((good / "release.json").read_text()) == {"release": "r2"}
+
+
+def test_a_cluster_changes_only_with_every_member_here():
+    from types import SimpleNamespace
+
+    from deploys.inference_service import _cluster_all_here
+
+    said = []
+
+    class Host:  # what the check reads of a pyinfra Host: its name, and its way of saying why it failed
+        def __init__(self, name):
+            self.name = name
+
+        def log_styled(self, message, **kwargs):
+            said.append(message)
+
+    hosts = {n: Host(n) for n in ("b0", "b1", "b2")}
+    state = SimpleNamespace(inventory=SimpleNamespace(get_host=hosts.__getitem__), failed_hosts=set(),
+                            active_hosts=set(hosts.values()))
+    assert _cluster_all_here(state, hosts["b0"], "pair", ["b0", "b1", "b2"]) is True and not said
+    state.failed_hosts, state.active_hosts = {hosts["b1"]}, {hosts["b0"]}
+    assert _cluster_all_here(state, hosts["b0"], "pair", ["b0", "b1", "b2"]) is False
+    assert said == ["b0: the launch of cluster pair changes, but b1 failed earlier in this run and b2 is not in this run "
+                    "(--limit, or unreachable): no member's unit changes, and the cluster keeps serving its current "
+                    "launch. Converge the whole cluster once every member can take the change"]

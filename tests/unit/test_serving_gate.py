@@ -442,3 +442,15 @@ def test_the_readiness_read_asks_the_real_api(server):
     cfg = _cfg(api_port=_free_port())
     out = subprocess.run(["sh", "-c", readiness_command(cfg, True)], capture_output=True, text=True, timeout=60).stdout
     assert parse_readiness(out)["health"] == 0
+
+
+def test_a_failure_names_the_first_error_when_it_scrolled_off_the_tail():
+    from deploys.serving_gate import journal_told
+
+    journal = ["INFO starting", "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig",
+               *[f"noise {i}" for i in range(20)]]
+    told = journal_told(journal)
+    assert told.startswith("; first error: pydantic_core._pydantic_core.ValidationError: 1 validation error")
+    assert told.endswith("noise 19") and "noise 4\n" not in told  # the last 15 lines
+    assert journal_told(journal[1:5]).startswith("; its journal ends:\npydantic_core")  # in the tail: said once
+    assert journal_told([]) == "; its journal is empty"

@@ -392,3 +392,36 @@ def test_nested_hf_cache_download_passes_and_a_stray_python_file_closes_the_gate
     assert not result["ok"] and result["extra"] == ["original/modeling_evil.py"]
     assert remove_paths(path, os.path.dirname(os.path.dirname(path)), result["extra"]) == []
     assert verify(manifest, path, stamp)["ok"] and gate(manifest, path, stamp)[0]
+
+
+def test_a_plan_writes_and_hashes_nothing(snap, tmp_path):
+    """`--plan` (a converge's plan): where the stamp vouches, ok; where it cannot (none yet, a flipped file's new
+    mtime, another manifest, a full re-hash asked for), `needs_hash` with nothing hashed, and the stamp and record
+    exactly as they were (a plan must not unstamp the snapshot that is serving)."""
+    record = tmp_path / "record.json"
+    cli = [sys.executable, VERIFIER, snap["manifest_path"], snap["dir"], "--stamp", snap["stamp"], "--json", "--quiet",
+           "--record", str(record)]
+
+    def plan(*extra):
+        proc = subprocess.run([*cli, "--plan", *extra], capture_output=True, text=True, timeout=120)
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    first = plan()
+    assert not first["ok"] and first["needs_hash"] and first["hashed"] == 0 and "no verify stamp" in first["problems"][-1]
+    assert not os.path.exists(snap["stamp"]) and not record.exists()
+    assert subprocess.run([*cli, "--full"], capture_output=True, timeout=120).returncode == 0  # stamped, recorded
+    stamp, recorded = open(snap["stamp"]).read(), record.read_text()
+    assert plan()["ok"] and plan()["mode"] == "stamp"
+    due = plan("--full")
+    assert not due["ok"] and due["needs_hash"] and "a full re-hash is due" in due["problems"][-1]
+    shard = next(e["path"] for e in snap["manifest"]["files"] if e["path"].endswith(".safetensors"))
+    path = os.path.realpath(os.path.join(snap["dir"], shard))
+    with open(path, "r+b") as f:  # a changed file (same size, new mtime)
+        f.seek(10)
+        f.write(b"\xff")
+    changed = plan()
+    assert not changed["ok"] and changed["needs_hash"] and changed["hashed"] == 0, changed
+    assert shard in changed["problems"][-1]
+    assert open(snap["stamp"]).read() == stamp and record.read_text() == recorded, "the plan wrote nothing"
+    written = subprocess.run(cli, capture_output=True, text=True, timeout=120)  # what the run then executes
+    assert written.returncode == 1 and not os.path.exists(snap["stamp"]) and f"HASH {shard}" in written.stdout
