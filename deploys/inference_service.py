@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.files import Directory, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files
@@ -32,16 +32,17 @@ from pyinfra.operations import files
 from deploys.host_tuning import render_fabric_env
 from deploys.fact_cache import expect
 from deploys.inventory import inventory_configs, node_cluster, node_config
-from deploys.model_snapshot import GATE, MANIFEST, RECORD, STAMP
+from deploys.model_snapshot import GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER
 from deploys.ops import (atomic_put, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
                          follow_up_stamp, host_failed, secret_file)
 from deploys.serving_gate import (failed_checks, gate_checks, gate_command, journal_told, parse_readiness, readiness_command,
                                   wait_serving)
 from deploys.unit_text import command_line, env_file_line
 from deploys.schema import NodeConfig, cluster_head, cluster_of, clusters
-from facts.containers import GatePassed, ServiceStartedFrom
+from facts.containers import GatePassed, ReleasesOnDisk, ServiceStartedFrom
 from facts.host import ManagedFiles
 from files import helper_path
+from files.model_snapshot.snapshot_manifest import KEPT_TREES
 
 UNIT_DIR = "/etc/containers/systemd"
 RUN_DIR = "/run/inference-nodes"
@@ -414,28 +415,57 @@ def good_release_dir(cfg: NodeConfig) -> str:
     return f"{RELEASES_DIR}/{cfg.container_name}/good"
 
 
+def release_history_path(cfg: NodeConfig) -> str:
+    """The releases that passed the gate on this node, newest last (what pruning keeps the newest of)."""
+    return f"{RELEASES_DIR}/{cfg.container_name}/history.json"
+
+
+def kept_tree(cfg: NodeConfig, revision: str) -> str | None:
+    """Where a `plain` layout keeps a release's model commit as hard links (None: `hf_cache` keeps its own)."""
+    return None if cfg.model_layout == "hf_cache" else f"{cfg.model_dir}/{KEPT_TREES}/{revision}"
+
+
+HISTORY_KEYS = ("release", "image", "model_repo", "model_revision", "manifest_sha256", "unit", "passed_at")
+# appends one release to the history (replacing an older entry of the same release), through a rename
+_HISTORY_APPEND = ("import json, os, sys\n"
+                   "path, entry = sys.argv[1], json.loads(sys.argv[2])\n"
+                   "try:\n    history = json.load(open(path))\nexcept (OSError, ValueError):\n    history = []\n"
+                   "history = [r for r in history if isinstance(r, dict) and r.get('release') != entry['release']]\n"
+                   "open(path + '.tmp', 'w').write(json.dumps(history[-49:] + [entry], sort_keys=True) + '\\n')\n"
+                   "os.replace(path + '.tmp', path)\n")
+
+
 def save_good_command(cfg: NodeConfig, passed: dict) -> str:
-    """Keep the release that just passed the gate as the last good one: copied whole into a new directory (0700),
-    then swapped in by rename, so a run killed half-way leaves the previous good release."""
+    """Keep the release that just passed the gate as the last good one: a `plain` layout's model commit linked
+    into its kept tree; the release's files copied whole into a new directory (0700), then swapped in by rename,
+    so a run killed half-way leaves the previous good release; the release appended to the history."""
     good = good_release_dir(cfg)
     new, old = f"{good}.new", f"{good}.old"
     copies = " && ".join(f"{{ [ ! -e {shlex.quote(path)} ] || cp -p {shlex.quote(path)} {new}/{name}; }}"
                          for name, path, _ in release_files(cfg))  # a file the node never had stays absent
     record = shlex.quote(json.dumps(passed, sort_keys=True) + "\n")
-    return (f"umask 077 && rm -rf {new} {old} && mkdir -p {new} && {copies} && printf %s {record} > {new}/release.json"
-            f" && {{ [ ! -e {good} ] || mv {good} {old}; }} && mv {new} {good} && rm -rf {old}")
+    entry = shlex.quote(json.dumps({k: passed.get(k) for k in HISTORY_KEYS}, sort_keys=True))
+    tree = kept_tree(cfg, passed["model_revision"])
+    keep = (f"python3 {VERIFIER} {MANIFEST} {shlex.quote(tree)} --link-from {shlex.quote(cfg.snapshot_dir)} "
+            f"> /dev/null && " if tree else "")
+    return (f"{keep}umask 077 && rm -rf {new} {old} && mkdir -p {new} && {copies} && printf %s {record} > {new}/release.json"
+            f" && {{ [ ! -e {good} ] || mv {good} {old}; }} && mv {new} {good} && rm -rf {old} && "
+            f"python3 -c {shlex.quote(_HISTORY_APPEND)} {release_history_path(cfg)} {entry}")
 
 
-def restore_good_command(cfg: NodeConfig) -> str:
-    """Put the last good release's files back (each through a private temporary and a rename), reload the unit
-    and restart the service on it."""
-    good = good_release_dir(cfg)
-    installs = " && ".join(f"{{ [ ! -e {good}/{name} ] || {{ install -m {mode} {good}/{name} {shlex.quote(path)}.rollback && "
+def restore_good_command(cfg: NodeConfig, good: dict) -> str:
+    """Put the last good release ``good`` back: its files (each through a private temporary and a rename), a
+    `plain` layout's model commit linked back from its kept tree; then reload the unit and restart the service."""
+    dest = good_release_dir(cfg)
+    installs = " && ".join(f"{{ [ ! -e {dest}/{name} ] || {{ install -m {mode} {dest}/{name} {shlex.quote(path)}.rollback && "
                            f"mv -f {shlex.quote(path)}.rollback {shlex.quote(path)}; }}; }}"
                            for name, path, mode in release_files(cfg))
+    tree = kept_tree(cfg, str(good.get("model_revision")))
+    relink = (f"python3 {VERIFIER} {dest}/model-manifest.json {shlex.quote(cfg.snapshot_dir)} --link-from "
+              f"{shlex.quote(tree)} > /dev/null && " if tree else "")
     unit = f"{UNIT_DIR}/{cfg.container_name}.container"
     reloaded = follow_up_stamp(QUADLET_STAMP)  # the generator ran after the unit held these contents (follow_up_done)
-    return (f"umask 077 && {installs} && systemctl daemon-reload && umask 022 && mkdir -p {posixpath.dirname(reloaded)} && "
+    return (f"{relink}umask 077 && {installs} && systemctl daemon-reload && umask 022 && mkdir -p {posixpath.dirname(reloaded)} && "
             f"{files_fingerprint_command((unit,))} > {reloaded}.tmp && mv -f {reloaded}.tmp {reloaded} && "
             f"systemctl restart {cfg.container_name}.service")
 
@@ -464,20 +494,58 @@ def _serves(host, cfg: NodeConfig, head: bool, model: str, run, progress, sudo: 
     return True, f"passed the serving gate ({len(checks)} checks, {time.monotonic() - t0:.1f} s)", {**now, "checks": checks}
 
 
-def _wait_and_gate(state, host, head: bool, nodes: int, model: str, release: dict, record: str) -> bool:
+class _Member:
+    """One member's shell as a head's converge reaches it (its own connection and privilege): the head saves and
+    rolls back its workers' releases with its own."""
+
+    def __init__(self, host):
+        self.host, self.cfg = host, node_config(host)
+        self.sudo = {"_sudo": True} if host.data.get("_sudo") else {}
+
+    def run(self, command: str) -> str:
+        return self.host.run_shell_command(StringCommand(command), **self.sudo)[1].stdout
+
+    def ok(self, command: str) -> bool:
+        return self.host.run_shell_command(StringCommand(command), **self.sudo)[0]
+
+    def good(self) -> dict | None:
+        """The last good release kept on this member (None: none, or unreadable)."""
+        text = self.run(f"cat {good_release_dir(self.cfg)}/release.json 2>/dev/null; true").strip()
+        try:
+            good = json.loads(text) if text else None
+        except ValueError:
+            return None
+        return good if isinstance(good, dict) else None
+
+
+def _rollback(me: _Member, workers: list[_Member], release: dict, progress) -> tuple[dict | None, str]:
+    """Put the last good release back on every member, workers first (their rank starts before the head's).
+    (the good release, None when nothing was rolled back; what happened)."""
+    good = me.good()
+    if not good:
+        return None, "no release has passed the serving gate on this node yet: nothing to roll back to"
+    if good.get("release") == release["release"]:
+        return None, "this is the last good release itself: nothing older to roll back to"
+    kept = {w.host.name: w.good() for w in workers}
+    if missing := [name for name, g in kept.items() if (g or {}).get("release") != good.get("release")]:
+        return None, (f"{', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not keep the last good "
+                      f"{release_named(good)}: nothing rolled back")
+    progress(f"{release_named(release)} failed: rolling back to the last good {release_named(good)}"
+             + (f", workers first ({', '.join(kept)})" if workers else ""))
+    for member in [*workers, me]:
+        if not member.ok(restore_good_command(member.cfg, kept.get(member.host.name) or good)):
+            return None, f"the rollback to {release_named(good)} could not put its files back on {member.host.name}"
+    return good, "rolled back"
+
+
+def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: str, workers: tuple[str, ...]) -> bool:
     """Execute time, on one node: wait until its service serves (``_serves``). A head that passes records the
-    release it passed with and keeps its files as the last good release. One that fails is handled by
-    ``failed_release_policy`` (rollback: the last good release put back, restarted and gated again), and the
-    host fails saying what failed and what the node serves now."""
-    cfg = node_config(host)
-    sudo = {"_sudo": True} if host.data.get("_sudo") else {}
-    service = f"{cfg.container_name}.service"
-
-    def run(command: str) -> str:
-        return host.run_shell_command(StringCommand(command), **sudo)[1].stdout
-
-    def run_ok(command: str) -> bool:
-        return host.run_shell_command(StringCommand(command), **sudo)[0]
+    release it passed with and keeps its files, and its workers', as the last good release. One that fails is
+    handled by ``failed_release_policy`` (rollback: the last good release put back on every member, workers
+    first, restarted and gated again), and the host fails saying what failed and what the cluster serves now."""
+    me = _Member(host)
+    cfg, service = me.cfg, f"{me.cfg.container_name}.service"
+    members = [_Member(state.inventory.get_host(name)) for name in workers]
 
     def progress(line: str) -> None:
         host.log_styled(line, log_func=logger.info)
@@ -489,59 +557,52 @@ def _wait_and_gate(state, host, head: bool, nodes: int, model: str, release: dic
 
     def write_record(passed: dict) -> bool:
         text = shlex.quote(json.dumps(passed, sort_keys=True) + "\n")
-        return run_ok(f"mkdir -p {posixpath.dirname(record)} && printf %s {text} > {record}.tmp && "
-                      f"mv -f {record}.tmp {record}")
+        return me.ok(f"mkdir -p {posixpath.dirname(record)} && printf %s {text} > {record}.tmp && "
+                     f"mv -f {record}.tmp {record}")
 
-    ok, why, now = _serves(host, cfg, head, model, run, progress, sudo)
+    ok, why, now = _serves(host, cfg, head, model, me.run, progress, me.sudo)
     if ok and not head:
         progress(why)
         return True
     if ok:
         passed = passed_record(release, now)
-        if not (run_ok(save_good_command(cfg, passed)) and write_record(passed)):
-            return host_failed(host, f"{host.name}: the serving gate passed, but {record} could not be written")
-        progress(f"{why}: {release_named(release)}, kept as the last good release")
+        if not (all(m.ok(save_good_command(m.cfg, passed)) for m in [*members, me]) and write_record(passed)):
+            return host_failed(host, f"{host.name}: the serving gate passed, but the release could not be kept "
+                                     f"({record}, {good_release_dir(cfg)})")
+        progress(f"{why}: {release_named(release)}, kept as the last good release"
+                 + (f" (with its workers {', '.join(workers)})" if workers else ""))
         return True
     failure = f"{host.name}: {why}"
     policy = cfg.failed_release_policy
     if not head:
         return host_failed(host, failure)
-    if nodes > 1 and policy == "rollback":
-        return host_failed(host, f"{failure}\n{host.name}: {service} left as it is: a multi-node cluster is not "
-                                 f"rolled back yet (its workers would keep the new launch)")
     if policy == "keep":
         return host_failed(host, f"{failure}\n{host.name}: {service} left as it is (failed_release_policy=keep)")
     if policy == "stop":
-        stopped = run_ok(f"systemctl stop {service}")
-        return host_failed(host, f"{failure}\n{host.name}: {service} " + (
-            "stopped (failed_release_policy=stop)" if stopped else "could not be stopped"))
-    text = run(f"cat {good_release_dir(cfg)}/release.json 2>/dev/null; true").strip()
-    try:
-        good = json.loads(text) if text else None
-    except ValueError:
-        good = None
-    if not good:
-        return host_failed(host, f"{failure}\n{host.name}: no release has passed the serving gate on this node yet: "
-                                 f"nothing to roll back to ({service} left as it is)")
-    if good.get("release") == release["release"]:
-        return host_failed(host, f"{failure}\n{host.name}: this is the last good release itself: nothing older to "
-                                 f"roll back to ({service} left as it is)")
-    progress(f"{release_named(release)} failed: rolling back to the last good {release_named(good)}")
-    if not run_ok(restore_good_command(cfg)):
-        return host_failed(host, f"{failure}\n{host.name}: the rollback to {release_named(good)} could not put its "
-                                 f"files back")
-    back, why_back, now_back = _serves(host, cfg, head, model, run, progress, sudo)
+        stopped = all(m.ok(f"systemctl stop {m.cfg.container_name}.service") for m in [me, *members])
+        return host_failed(host, f"{failure}\n{host.name}: {service}" + (f" and its workers' services" if members else "")
+                           + (" stopped (failed_release_policy=stop)" if stopped else " could not be stopped"))
+    good, what = _rollback(me, members, release, progress)
+    if good is None:
+        return host_failed(host, f"{failure}\n{host.name}: {what} ({service} left as it is)")
+    for member in members:
+        back, why_back, _ = _serves(member.host, member.cfg, False, model, member.run, progress, member.sudo)
+        if not back:
+            return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, but worker "
+                                     f"{member.host.name} does not run it: {why_back}")
+    back, why_back, now_back = _serves(host, cfg, head, model, me.run, progress, me.sudo)
     if not back:
         return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, which failed too: "
                                  f"{why_back}")
     write_record(passed_record({k: v for k, v in good.items() if k in release}, now_back))
+    on = f" on {host.name} and {', '.join(workers)}" if workers else ""
     return host_failed(host, f"{failure}\n{host.name}: rolled back: {service} serves the last good "
-                             f"{release_named(good)} again (it passed the serving gate)")
+                             f"{release_named(good)} again{on} (it passed the serving gate)")
 
 
 @operation()
 def service_serving(service: str, started_from: str, fingerprint: str, release: dict, record: str, head: bool,
-                    nodes: int, model: str):
+                    workers: tuple[str, ...], model: str):
     """Done means serving: after a start or restart, wait for the service (workers: running; heads: /health,
     bounded by ``service_ready_timeout_sec``, with its stage shown) and pass the serving gate on each head.
     Decided from state: a service that runs what the converge renders, and (a head) whose gate record names this
@@ -554,7 +615,7 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
     + release: what the inventory asks the service to run (``release_of``)
     + record: the head's gate record (``gate_record_path``)
     + head: rank 0 (or a single node): serves the API and is gated
-    + nodes: the cluster's size (a failed multi-node release is not rolled back yet)
+    + workers: a head's workers (rank > 0), in rank order: kept and rolled back with it
     + model: the name clients ask for
     """
     running = host.get_fact(SystemdStatus, services=[service]).get(service)
@@ -569,7 +630,73 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
         if current and last.get("release") == release["release"]:
             host.noop(f"{service} passed the serving gate for release {release['release']} at {last.get('passed_at')}")
             return
-    yield FunctionCommand(_wait_and_gate, (head, nodes, model, release, record), {})
+    yield FunctionCommand(_wait_and_gate, (head, model, release, record, workers), {})
+
+
+def image_repository(ref: str) -> str:
+    """`registry:5000/org/name` of `registry:5000/org/name:tag@sha256:…` (a port is no tag)."""
+    name = ref.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return name[: len(name) - len(last)] + last.split(":", 1)[0]
+
+
+def images_to_prune(images: list[dict], used: list[str], keep_refs: list[str]) -> list[str]:
+    """IDs of the local images of the service's repository that no kept release names (`name@digest`, matched
+    against the image's digest and every repo digest: an index digest is one of them) and no container uses.
+    Nothing when a kept release names its image by tag alone (its digest is unknown, so nothing is provably
+    unused)."""
+    if not keep_refs or any("@" not in ref for ref in keep_refs):
+        return []
+    repo = image_repository(keep_refs[-1])
+    keep = {ref.split("@", 1)[1] for ref in keep_refs}
+    out = []
+    for image in images:
+        names = [*(image.get("RepoDigests") or []), *(image.get("RepoTags") or [])]
+        if not any(image_repository(n) == repo for n in names):
+            continue
+        digests = {image.get("Digest")} | {d.split("@", 1)[1] for d in image.get("RepoDigests") or [] if "@" in d}
+        if digests & keep or image.get("Id") in used:
+            continue
+        out.append(image["Id"])
+    return out
+
+
+def prune_reads(cfg: NodeConfig) -> dict:
+    """What ``ReleasesOnDisk`` reads with, for ``releases_pruned``."""
+    return {"pruner": PRUNER, "history": release_history_path(cfg), "model_dir": cfg.model_dir,
+            "layout": cfg.model_layout, "kept": cfg.releases_kept, "keep": cfg.model_revision}
+
+
+@operation()
+def releases_pruned(pruner: str, history: str, model_dir: str, layout: str, kept: int, keep: str, image: str):
+    """Releases beyond ``kept`` leave the disk once a newer one passed the gate: model commits (the `hf_cache`
+    snapshots and the blobs no kept snapshot links to; a `plain` layout's kept trees) and images of the
+    service's repository that no kept release names. The commit and image the inventory asks for are always
+    kept, and nothing is pruned before a release has passed on this node.
+
+    + history: the node's release history (``release_history_path``)
+    + model_dir: the model directory (``NodeConfig.model_dir``)
+    + layout: hf_cache or plain
+    + kept: ``releases_kept``
+    + pruner: the node's pruner (installed with the verifier)
+    + keep: the commit the inventory asks for
+    + image: the image reference the inventory asks for
+    """
+    disk = host.get_fact(ReleasesOnDisk, pruner=pruner, history=history, model_dir=model_dir, layout=layout,
+                         kept=kept, keep=keep)
+    if not disk["history"]:
+        host.noop("no release has passed the serving gate here yet: nothing is pruned")
+        return
+    refs = [r.get("image") for r in disk["history"][-kept:]] + [image]
+    images = images_to_prune(disk["images"], disk["used"], [r for r in refs if isinstance(r, str)])
+    if not (disk["prunable"] or images):
+        host.noop(f"only the newest {kept} release(s) and the one asked for are on disk")
+        return
+    if disk["prunable"]:
+        yield StringCommand("python3", pruner, QuoteString(model_dir), "--layout", layout, "--history",
+                            QuoteString(history), "--kept", str(kept), "--keep", QuoteString(keep), ">", "/dev/null")
+    if images:
+        yield StringCommand("podman", "rmi", *images)
 
 
 @deploy("Inference service")
@@ -587,7 +714,8 @@ def inference_service():
     expect([(ManagedFiles, {"paths": batch}), *[(Directory, {"path": p}) for p in volume_dirs],
             (Sha256File, {"path": unit_path}), *follow_up_reads(QUADLET_STAMP), (SystemdStatus, {"services": [service]}),
             (ServiceStartedFrom, {"record": started, "stamp": STAMP}),
-            *([(GatePassed, {"record": gate_record_path(cfg), "service": service})] if cfg.is_head else [])])
+            *([(GatePassed, {"record": gate_record_path(cfg), "service": service})] if cfg.is_head else []),
+            (ReleasesOnDisk, prune_reads(cfg))])
     atomic_put(batch=batch, name="Install the RoCE GID lookup", src=helper_path("inference_service/roce_gid.py"),
               dest=ROCE_HELPER, user="root", group="root", mode="0755", create_remote_dir=True)
     atomic_put(batch=batch, name="Install its start-time wrapper",
@@ -603,7 +731,8 @@ def inference_service():
     check = args_check_command(cfg, vllm_argv(cfg, head, nodes)) if cfg.vllm_launch == "cli" else None
     vllm_accepts(name="Check the new command line with the image's own vLLM", unit_path=unit_path,
                  unit_text=unit_text, check=check)
-    members = [name for name, _ in clusters(inventory_configs(host.inventory))[cfg.cluster_name]]
+    ranked = sorted(clusters(inventory_configs(host.inventory))[cfg.cluster_name], key=lambda m: m[1].node_rank)
+    members = [name for name, _ in ranked]
     cluster_changes_whole(name="Change a multi-node cluster only as a whole", unit_path=unit_path, unit_text=unit_text,
                           cluster=cfg.cluster_name, members=members)
     secret_file(batch=batch, name="Write the service environment (0600, never printed)",
@@ -620,4 +749,7 @@ def inference_service():
                     fingerprint=fp, record=record, act=cfg.is_head)
     service_serving(name="Wait until it serves (heads: /health and the serving gate)", service=service,
                     started_from=started, fingerprint=fp, release=release_of(cfg, fp), record=record,
-                    head=cfg.is_head, nodes=nodes, model=served_model_name(cfg))
+                    head=cfg.is_head, workers=tuple(members[1:]) if cfg.is_head else (),
+                    model=served_model_name(cfg))
+    releases_pruned(name=f"Prune releases beyond the newest {cfg.releases_kept} (model commits, images)",
+                    image=cfg.image_ref, **prune_reads(cfg))

@@ -36,8 +36,9 @@ NODE_LIB = "/usr/local/lib/inference-nodes"
 # files/model_snapshot/ modules the verifier is made of, installed side by side in NODE_LIB (run as a file, it
 # imports the others from its own folder); the script last, so a run killed in between never leaves a verifier
 # whose modules are not there yet
-VERIFIER_FILES = ("snapshot_manifest.py", "snapshot_hashing.py", "verify_snapshot.py")
+VERIFIER_FILES = ("snapshot_manifest.py", "snapshot_hashing.py", "snapshot_releases.py", "verify_snapshot.py")
 VERIFIER = f"{NODE_LIB}/verify_snapshot.py"
+PRUNER = f"{NODE_LIB}/snapshot_releases.py"  # model commits beyond the kept releases (run by the service deploy)
 MANIFEST = "/etc/inference-nodes/model-manifest.json"
 STAMP = "/var/lib/inference-nodes/model-verified.json"
 RECORD = "/var/lib/inference-nodes/model-deep-verify.json"  # verdict and time of the last full re-hash

@@ -158,3 +158,51 @@ class GatePassed(FactBase[GatePassedDict]):
             release = None  # a damaged record is no record: the gate runs again
         now = "".join(output[at + 1:]).strip()
         return {"release": release if isinstance(release, dict) else None, "invocation": now or None}
+
+
+class ReleasesOnDiskDict(TypedDict):
+    history: list[dict]      # the releases that passed the gate on this node, newest last
+    prunable: list[str]      # model paths pruning would delete now (commits, cache blobs)
+    images: list[dict]       # every local image: Id, Digest, RepoDigests, RepoTags
+    used: list[str]          # image IDs some container (running or not) was made from
+
+
+class ReleasesOnDisk(FactBase[ReleasesOnDiskDict]):
+    """What the node keeps of past releases, read without changing anything: the release history, what the
+    pruner (files/model_snapshot/snapshot_releases.py, `--plan`) would delete of the model, the local images
+    and the images containers use. deploys/inference_service.py ``releases_pruned`` decides from it."""
+
+    def command(self, pruner: str, history: str, model_dir: str, layout: str, kept: int, keep: str) -> str:
+        h = shlex.quote(history)
+        return (f"echo '{_MARK}history'; cat {h} 2>/dev/null; echo; echo '{_MARK}model'; "
+                f"python3 {shlex.quote(pruner)} {shlex.quote(model_dir)} --layout {shlex.quote(layout)} --history {h} "
+                f"--kept {int(kept)} --keep {shlex.quote(keep)} --plan 2>/dev/null; echo; echo '{_MARK}images'; "
+                f"podman images -q --no-trunc 2>/dev/null | sort -u | xargs -r podman image inspect 2>/dev/null; "
+                f"echo; echo '{_MARK}used'; podman ps -a --no-trunc --format '{{{{.ImageID}}}}' 2>/dev/null; true")
+
+    def process(self, output: list[str]) -> ReleasesOnDiskDict:
+        parts: dict[str, list[str]] = {}
+        name = None
+        for line in output:
+            if line.startswith(_MARK):
+                name = line[len(_MARK):].strip()
+                parts[name] = []
+            elif name:
+                parts[name].append(line)
+        if set(parts) != {"history", "model", "images", "used"}:
+            raise FactProcessError(f"ReleasesOnDisk: sections missing in {output!r}")
+
+        def load(key: str, default: Any) -> Any:
+            text = "\n".join(parts[key]).strip()
+            try:
+                return json.loads(text) if text else default
+            except ValueError:
+                return default
+
+        history = load("history", [])
+        model = load("model", {})
+        images = load("images", [])
+        return {"history": [r for r in history if isinstance(r, dict)] if isinstance(history, list) else [],
+                "prunable": list(model.get("prunable", [])) if isinstance(model, dict) else [],
+                "images": [i for i in images if isinstance(i, dict)] if isinstance(images, list) else [],
+                "used": sorted({line.strip() for line in parts["used"] if line.strip()})}

@@ -127,9 +127,14 @@ class ContainerKeys(ComponentKeys):
     )
     failed_release_policy: Literal["rollback", "stop", "keep"] = _key(
         "rollback", description="when a (re)started head fails to serve or fails the serving gate: `rollback` puts back "
-        "its last good release (unit, environment, model manifest and stamp; the image and an `hf_cache` snapshot are "
-        "still on the node), restarts it and gates it again; `stop` stops the service; `keep` leaves it as it is. The "
-        "host fails in every case, saying which. Multi-node clusters are kept as they are for now",
+        "its last good release (unit, environment, model manifest and stamp; its image and model commit are kept on "
+        "the node), restarts it, workers first, and gates it again; `stop` stops the service; `keep` leaves it as it "
+        "is. The host fails in every case, saying which",
+    )
+    releases_kept: int = _key(
+        2, description="how many of the newest releases that passed the serving gate keep their model commit and "
+        "image on the node (the one serving among them); older commits (`hf_cache`: their snapshots, and blobs no "
+        "kept snapshot links to) and images are pruned after a gate passes", ge=1, le=20,
     )
     service_timeout_stop_sec: int = _key(120, description="`TimeoutStopSec=`", ge=1, le=86400)
     service_restart_sec: int = _key(30, description="`RestartSec=` after a failure", ge=0, le=86400)

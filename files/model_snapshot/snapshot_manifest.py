@@ -20,7 +20,9 @@ STAMP_NAME = ".inference-nodes-verified.json"
 # The toolkit's mark on a model directory it owns (deploys/model_snapshot.py): the sync deletes files the
 # manifest does not list only in a directory that carries it.
 OWNER_MARKER = ".inference-nodes-owned"
-IGNORED_DIRS = {".cache"}  # huggingface_hub's local_dir metadata (at the top of the snapshot only)
+KEPT_TREES = ".inference-nodes-releases"  # plain layout: kept commits of releases (snapshot_releases.py)
+# at the top of the snapshot only: huggingface_hub's local_dir metadata, and the kept commits
+IGNORED_DIRS = {".cache", KEPT_TREES}
 HF_METADATA = ".cache/huggingface/download"  # where it keeps a file's metadata
 MANIFEST_KEYS = {"repo", "commit", "files"}
 ENTRY_KEYS = {"path", "size", "sha256", "git_sha1"}

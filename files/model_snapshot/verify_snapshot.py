@@ -5,6 +5,7 @@
                        [--max-rate MB_S] [--drop-cold] [--stop-service UNIT] [--check-only]
     verify_snapshot.py MANIFEST DIR --gate [--stamp FILE]
     verify_snapshot.py --remove WITHIN -- MANIFEST DIR PATH...
+    verify_snapshot.py MANIFEST DIR --link-from SRC
 
 Checks, in order: the file set (missing and extra files), sizes, the safetensors index's weight map
 against the manifest's shards, then content hashes (sha256 for LFS files, git blob sha1 for small
@@ -16,6 +17,8 @@ writes --record (verdict, time, problems): what the scheduled deep verify and th
 --gate never hashes: it passes only when the stamp matches this manifest and every file's
 size/mtime/inode (the service's start precondition), and names the files that differ.
 --remove deletes bad and extra files before a fetch, never through a link out of DIR (remove_paths).
+--link-from makes DIR hold the manifest's files as hard links of SRC's and nothing else (a `plain` layout's kept
+commit, and its rollback: snapshot_releases.py). It hashes nothing: SRC is a snapshot the verifier passed.
 
 The manifest is data, never trusted with paths: snapshot_manifest.py checks it and the snapshot's links.
 Exit status: 0 good, 1 bad, 2 usage/manifest error.
@@ -43,10 +46,12 @@ if __package__:
     from .snapshot_hashing import RateLimit, default_jobs, hash_file
     from .snapshot_manifest import (IGNORED_DIRS, OWNER_MARKER, STAMP_NAME, link_boundary, link_problem, manifest_digest,
                                     read_manifest, remove_paths, shown)
+    from .snapshot_releases import link_tree
 else:
     from snapshot_hashing import RateLimit, default_jobs, hash_file
     from snapshot_manifest import (IGNORED_DIRS, OWNER_MARKER, STAMP_NAME, link_boundary, link_problem, manifest_digest,
                                    read_manifest, remove_paths, shown)
+    from snapshot_releases import link_tree
 
 
 def list_files(root: str) -> set[str]:
@@ -296,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                     "set say (a converge's plan)")
     ap.add_argument("--remove", metavar="WITHIN", help="delete PATH... from DIR (a link's target too if it is "
                                                        "inside WITHIN); put `--` before MANIFEST")
+    ap.add_argument("--link-from", metavar="SRC", help="make DIR the manifest's files as hard links of SRC's")
     ap.add_argument("paths", nargs="*", metavar="PATH")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quiet", action="store_true")
@@ -308,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"verify: refused to delete {why}", file=sys.stderr)
         return 1 if refused else 0
     try:
+        if args.link_from:
+            paths = [e["path"] for e in read_manifest(args.manifest)["files"]]
+            link_tree(paths, args.link_from, args.dir, list_files(args.dir) if os.path.isdir(args.dir) else set())
+            print(f"linked {len(paths)} files of {args.link_from} into {args.dir}")
+            return 0
         if args.gate:
             ok, message = gate(args.manifest, args.dir, args.stamp)
             print(message, file=sys.stdout if ok else sys.stderr)

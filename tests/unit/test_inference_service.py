@@ -267,14 +267,17 @@ def test_fabric_profiles_pass_rdma_devices_and_a_shm_of_their_own():
 
 def test_the_last_good_release_is_kept_whole_and_put_back_by_the_shell_commands(tmp_path, monkeypatch):
     """save_good_command / restore_good_command run by a real shell on files under tmp_path (systemctl a stub that
-    logs): the release's files come back byte for byte with their modes, the env file never readable by others on
-    the way, the Quadlet follow-up stamp records the restored unit, and a second save replaces the first whole."""
+    logs, the project's verifier for the model links): the release's files come back byte for byte with their
+    modes, the env file never readable by others on the way, the Quadlet follow-up stamp records the restored unit,
+    the `plain` layout's model comes back as the very files (inodes) that passed, the history lists each release
+    once, and a second save replaces the first whole."""
     import stat
     import subprocess
 
     from deploys import inference_service as svc
     from deploys.ops import content_fingerprint
     from deploys.schema import NodeConfig
+    from files import helper_path
     from tests.unit.profiles import profile
 
     root = tmp_path / "node"
@@ -282,19 +285,43 @@ def test_the_last_good_release_is_kept_whole_and_put_back_by_the_shell_commands(
              "RECORD": root / "record.json", "GATE": root / "gate", "RELEASES_DIR": root / "releases"}
     for name, path in paths.items():
         monkeypatch.setattr(svc, name, str(path))
+    monkeypatch.setattr(svc, "VERIFIER", helper_path("model_snapshot/verify_snapshot.py"))
     env_path = root / "svc.env"
     monkeypatch.setattr(svc, "service_env_path", lambda cfg: str(env_path))
     monkeypatch.setattr(svc, "follow_up_stamp", lambda name: str(root / "follow-ups" / name))
+    model = tmp_path / "model"
     cfg = NodeConfig.model_validate({**profile("gb10_dspark"), "node_rank": 0, "fabric_address": "198.51.100.20",
                                      "tensor_parallel_size": 1})
+    cfg = cfg.model_copy(update={"model_root": str(model)})  # validation keeps model_root out of /tmp; a test may not
+    assert cfg.model_layout == "plain"
     files = svc.release_files(cfg)
     assert [n for n, _, _ in files] == ["unit.container", "service.env", "model-manifest.json", "model-verified.json",
                                         "model-deep-verify.json", "model-gate"]  # plain layout: no refs/main
     (root / "units").mkdir(parents=True)
+
+    def commit(tag: str, names: list[str]) -> str:
+        """A model commit in the plain directory, as a sync leaves it (files replaced by rename, extras gone)."""
+        model.mkdir(exist_ok=True)
+        for p in model.iterdir():
+            if p.is_file():
+                p.unlink()
+        entries = []
+        for name in names:
+            (model / f"{name}.tmp").write_text(f"{tag} {name}\n")
+            os.replace(model / f"{name}.tmp", model / name)
+            entries.append({"path": name, "size": (model / name).stat().st_size, "sha256": "0" * 64})
+        revision = (tag * 40)[:40]
+        (root / "m.json").write_text(json.dumps({"repo": "org/m", "commit": revision, "files": entries}))
+        return revision
+
+    good_rev = commit("a", ["config.json", "w-1.safetensors", "w-2.safetensors"])
+    good_inodes = {p.name: p.stat().st_ino for p in model.iterdir()}
     for name, path, mode in files:
-        with open(path, "w") as f:
-            f.write(f"good {name}\n")
+        if path != str(root / "m.json"):
+            with open(path, "w") as f:
+                f.write(f"good {name}\n")
         os.chmod(path, int(mode, 8))
+    good_manifest = (root / "m.json").read_text()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "systemctl").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/systemctl.log\n")
@@ -304,23 +331,82 @@ def test_the_last_good_release_is_kept_whole_and_put_back_by_the_shell_commands(
     def sh(command):
         return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, timeout=60)
 
-    assert sh(svc.save_good_command(cfg, {"release": "r1"})).returncode == 0
+    saved = sh(svc.save_good_command(cfg, {"release": "r1", "model_revision": good_rev, "passed_at": "t1"}))
+    assert saved.returncode == 0, saved.stderr
     good = root / "releases" / cfg.container_name / "good"
-    assert json.loads((good / "release.json").read_text()) == {"release": "r1"}
+    assert json.loads((good / "release.json").read_text())["release"] == "r1"
     assert stat.S_IMODE(good.stat().st_mode) == 0o700 and stat.S_IMODE((good / "service.env").stat().st_mode) == 0o600
-    for name, path, mode in files:  # the new release, written over the good one
-        with open(path, "w") as f:
-            f.write(f"bad {name}\n")
-    restored = sh(svc.restore_good_command(cfg))
+    tree = model / ".inference-nodes-releases" / good_rev
+    assert {p.name: p.stat().st_ino for p in tree.iterdir()} == good_inodes  # hard links: no bytes copied
+    commit("b", ["config.json", "w-1.safetensors", "new.bin"])  # the new release, synced over the plain directory
+    for name, path, mode in files:
+        if path != str(root / "m.json"):
+            with open(path, "w") as f:
+                f.write(f"bad {name}\n")
+    assert (tree / "w-1.safetensors").read_text() == "a w-1.safetensors\n"  # the kept commit is untouched
+    restored = sh(svc.restore_good_command(cfg, {"release": "r1", "model_revision": good_rev}))
     assert restored.returncode == 0, restored.stderr
     for name, path, mode in files:
-        assert open(path).read() == f"good {name}\n" and stat.S_IMODE(os.stat(path).st_mode) == int(mode, 8), name
+        want = good_manifest if path == str(root / "m.json") else f"good {name}\n"
+        assert open(path).read() == want and stat.S_IMODE(os.stat(path).st_mode) == int(mode, 8), name
+    assert {p.name: p.stat().st_ino for p in model.iterdir() if p.is_file()} == good_inodes
     unit = files[0][1]
     assert open(root / "follow-ups" / svc.QUADLET_STAMP).read().strip() == content_fingerprint(open(unit).read())
     assert open(tmp_path / "systemctl.log").read().split("\n")[:2] == ["daemon-reload", f"restart {cfg.container_name}.service"]
     assert not list(root.rglob("*.rollback")) and not list((root / "releases").rglob("good.*"))
-    assert sh(svc.save_good_command(cfg, {"release": "r2"})).returncode == 0
-    assert json.loads((good / "release.json").read_text()) == {"release": "r2"}
+    for release in ("r2", "r1"):
+        assert sh(svc.save_good_command(cfg, {"release": release, "model_revision": good_rev})).returncode == 0
+    assert json.loads((good / "release.json").read_text())["release"] == "r1"
+    history = json.loads(open(svc.release_history_path(cfg)).read())
+    assert [r["release"] for r in history] == ["r2", "r1"] and set(history[0]) == set(svc.HISTORY_KEYS)
+
+
+def test_images_pruned_are_of_the_repository_unkept_and_unused():
+    from deploys.inference_service import image_repository, images_to_prune
+
+    assert image_repository("reg:5000/org/vllm:v1@sha256:aa") == "reg:5000/org/vllm"
+    assert image_repository("reg:5000/org/vllm") == "reg:5000/org/vllm"
+    images = [
+        {"Id": "kept", "Digest": "sha256:platform", "RepoDigests": ["reg:5000/org/vllm@sha256:index"]},
+        {"Id": "old", "Digest": "sha256:old", "RepoDigests": ["reg:5000/org/vllm@sha256:old"]},
+        {"Id": "in-use", "Digest": "sha256:x", "RepoDigests": ["reg:5000/org/vllm@sha256:x"]},
+        {"Id": "other-repo", "Digest": "sha256:y", "RepoDigests": ["reg:5000/org/other@sha256:y"]},
+        {"Id": "prev", "Digest": "sha256:prev", "RepoDigests": ["reg:5000/org/vllm@sha256:prev"]},
+    ]
+    keep = ["reg:5000/org/vllm@sha256:prev", "reg:5000/org/vllm@sha256:index"]  # an index digest is kept by its repo digest
+    assert images_to_prune(images, ["in-use"], keep) == ["old"]
+    assert images_to_prune(images, [], ["reg:5000/org/vllm:v1"]) == []  # a tag names no digest: nothing provably unused
+
+
+def test_pruning_keeps_the_newest_commits_and_every_blob_they_link_to(tmp_path):
+    """The pruner on a real hf_cache tree and a plain one: commits beyond the newest kept releases go, the commit
+    asked for stays, and a blob shared with a kept snapshot survives."""
+    from files.model_snapshot.snapshot_releases import main
+
+    cache = tmp_path / "models--org--m"
+    revs = [c * 40 for c in "abc"]
+    (cache / "blobs").mkdir(parents=True)
+    for blob in ("shared", "only-a", "only-c", "stray"):
+        (cache / "blobs" / blob).write_text(blob)
+    for rev, blobs in zip(revs, (["shared", "only-a"], ["shared"], ["shared", "only-c"])):
+        (cache / "snapshots" / rev).mkdir(parents=True)
+        for blob in blobs:
+            os.symlink(f"../../blobs/{blob}", cache / "snapshots" / rev / f"{blob}.safetensors")
+    history = tmp_path / "history.json"
+    history.write_text(json.dumps([{"release": r, "model_revision": rev} for r, rev in zip("123", revs)]))
+    assert main([str(cache), "--layout", "hf_cache", "--history", str(history), "--kept", "1", "--keep", revs[1], "--plan"]) == 0
+    assert sorted(os.listdir(cache / "snapshots")) == revs  # --plan deletes nothing
+    assert main([str(cache), "--layout", "hf_cache", "--history", str(history), "--kept", "1", "--keep", revs[1]]) == 0
+    assert sorted(os.listdir(cache / "snapshots")) == revs[1:]
+    assert sorted(os.listdir(cache / "blobs")) == ["only-c", "shared"]
+    plain = tmp_path / "plain"
+    for rev in revs:
+        (plain / ".inference-nodes-releases" / rev).mkdir(parents=True)
+    (plain / ".inference-nodes-releases" / "not-a-commit").mkdir()
+    assert main([str(plain), "--layout", "plain", "--history", str(history), "--kept", "2", "--keep", revs[0]]) == 0
+    assert sorted(os.listdir(plain / ".inference-nodes-releases")) == sorted([*revs, "not-a-commit"])
+    assert main([str(plain), "--layout", "plain", "--history", str(history), "--kept", "1", "--keep", revs[2]]) == 0
+    assert sorted(os.listdir(plain / ".inference-nodes-releases")) == [revs[2], "not-a-commit"]
 
 
 def test_a_cluster_changes_only_with_every_member_here():
