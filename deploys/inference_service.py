@@ -641,7 +641,7 @@ def image_repository(ref: str) -> str:
 
 
 def images_to_prune(images: list[dict], used: list[str], keep_refs: list[str]) -> list[str]:
-    """IDs of the local images of the service's repository that no kept release names (`name@digest`, matched
+    """IDs of the local images of the service's repository (theirs alone) that no kept release names (`name@digest`, matched
     against the image's digest and every repo digest: an index digest is one of them) and no container uses.
     Nothing when a kept release names its image by tag alone (its digest is unknown, so nothing is provably
     unused)."""
@@ -652,8 +652,8 @@ def images_to_prune(images: list[dict], used: list[str], keep_refs: list[str]) -
     out = []
     for image in images:
         names = [*(image.get("RepoDigests") or []), *(image.get("RepoTags") or [])]
-        if not any(image_repository(n) == repo for n in names):
-            continue
+        if not names or any(image_repository(n) != repo for n in names):
+            continue  # another repository's, or shared with one (removing it by ID would untag theirs)
         digests = {image.get("Digest")} | {d.split("@", 1)[1] for d in image.get("RepoDigests") or [] if "@" in d}
         if digests & keep or image.get("Id") in used:
             continue

@@ -408,7 +408,51 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
                              text=True, timeout=300)
     assert differs.returncode == 1 and "@7872f01b1d1f" in differs.stdout, differs.stdout[-3000:]
     assert "the inventory asks for release " in differs.stdout and f"@{BROKEN_COMMIT[:12]}" in differs.stdout
+    # the next converge of the inventory as it is prunes the failed commit: its snapshot and the blobs only it links
+    # to go; the blobs it shares with the good commit (config, tokenizer) stay, and the good snapshot still verifies
+    cache = "/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731"
+    links = ("for f in {}/snapshots/{}/*; do basename $(readlink $f); done")
+    good_blobs = set(on_node(node, links.format(cache, "7872f01b1d1fe23eabc4c98b48bffcef5a386062")).stdout.split())
+    broken_blobs = set(on_node(node, links.format(cache, BROKEN_COMMIT)).stdout.split())
+    assert good_blobs & broken_blobs and broken_blobs - good_blobs, (good_blobs, broken_blobs)
+    pruned = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node))
+    assert [op for op, _ in pruned] == ["Inference service | Prune releases beyond the newest 2 (model commits, images)"]
+    assert on_node(node, f"ls {cache}/snapshots").stdout.split() == ["7872f01b1d1fe23eabc4c98b48bffcef5a386062"]
+    assert set(on_node(node, f"ls {cache}/blobs").stdout.split()) == good_blobs
+    assert on_node(node, "inference-nodes-model-gate").stdout == good_snapshot
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
+
+
+def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbox):
+    """The pair upgraded to the scrambled commit: both nodes sync it over the `plain` directory (the good commit is
+    kept as hard links beside), restart, and the head's gate fails on coherence. Both roll back, the worker first:
+    the good commit is linked back (the very files that passed), both restart and form one job again, and the head
+    passes the gate; the host's error says so."""
+    pair = ("sandbox-b0", "sandbox-b1")
+    plain = "/srv/models/DeepSeek-V4-Flash-0731"
+    kept = f"{plain}/.inference-nodes-releases/9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
+    inodes = f"stat -c '%n %i' {plain}/*.safetensors"
+    before = {n: on_node(n, inodes).stdout for n in pair}
+    assert all(on_node(n, f"test -d {kept}").returncode == 0 for n in pair), "the good commit is kept on both"
+    since = {n: on_node(n, "date -u '+%Y-%m-%d %H:%M:%S'").stdout.strip() for n in pair}
+    manifest = f"{SANDBOX_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{BROKEN_COMMIT}.json"
+    proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", "gb10_dspark", "--data", f"model_revision={BROKEN_COMMIT}",
+                   "--data", f"model_manifest={manifest}", check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "sandbox-b0: inference.service answers /health but failed the serving gate: " in proc.stderr, proc.stderr[-3000:]
+    assert ("sandbox-b0: rolled back: inference.service serves the last good release " in proc.stderr
+            and "again on sandbox-b0 and sandbox-b1 (it passed the serving gate)" in proc.stderr), proc.stderr[-3000:]
+    assert {n: on_node(n, inodes).stdout for n in pair} == before, "the good commit's own files, linked back"
+    starts = {}
+    for n in pair:
+        log = on_node(n, f"journalctl -u {UNITS[n]} --no-pager -o short-unix --since '{since[n]} UTC'").stdout
+        starts[n] = [float(line.split()[0]) for line in log.splitlines() if "systemd[1]: Starting " in line]
+    # the head started for the new release, then for the rollback; its worker restarted in between (a worker that
+    # loses its job may restart again later)
+    head, worker = starts["sandbox-b0"], starts["sandbox-b1"]
+    assert len(head) >= 2 and any(head[-2] < t < head[-1] for t in worker), f"the worker rolls back first: {starts}"
+    assert gate("--limit", "sandbox-b0").returncode == 0, "the pair serves the good model again, as one job"
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", "gb10_dspark")) == []
 
 
 def test_a_release_whose_engine_refuses_to_start_fails_the_converge_with_the_reason(sandbox, tmp_path):

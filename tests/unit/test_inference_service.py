@@ -372,6 +372,8 @@ def test_images_pruned_are_of_the_repository_unkept_and_unused():
         {"Id": "in-use", "Digest": "sha256:x", "RepoDigests": ["reg:5000/org/vllm@sha256:x"]},
         {"Id": "other-repo", "Digest": "sha256:y", "RepoDigests": ["reg:5000/org/other@sha256:y"]},
         {"Id": "prev", "Digest": "sha256:prev", "RepoDigests": ["reg:5000/org/vllm@sha256:prev"]},
+        {"Id": "also-tagged", "Digest": "sha256:z", "RepoDigests": ["reg:5000/org/vllm@sha256:z"],
+         "RepoTags": ["reg:5000/org/other:v2"]},
     ]
     keep = ["reg:5000/org/vllm@sha256:prev", "reg:5000/org/vllm@sha256:index"]  # an index digest is kept by its repo digest
     assert images_to_prune(images, ["in-use"], keep) == ["old"]
