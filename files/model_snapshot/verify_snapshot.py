@@ -94,6 +94,22 @@ def write_stamp(path: str, stamp: dict) -> None:
     os.replace(tmp, path)
 
 
+def read_bad_verdicts(stamp_path: str) -> int:
+    """How many verdicts found the snapshot bad (``<stamp>.bad-verdicts``, kept across good ones)."""
+    try:
+        with open(f"{stamp_path}.bad-verdicts") as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def write_bad_verdicts(stamp_path: str, count: int) -> None:
+    tmp = f"{stamp_path}.bad-verdicts.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{count}\n")
+    os.replace(tmp, f"{stamp_path}.bad-verdicts")
+
+
 def stamp_changes(stamp: dict, root: str, manifest: dict) -> list[str]:
     """The manifest's files whose size, inode or mtime differ from the stamp, and files the manifest does not
     list (what the gate names: vLLM may import a stray *.py next to the weights with trust_remote_code)."""
@@ -248,13 +264,18 @@ def verify(manifest_path: str, root: str, stamp_path: str | None = None, full: b
     ok = not problems
     if write and ok:
         # no time in the stamp: an unchanged snapshot re-verified writes the same stamp (the service's
-        # started-from record hashes it, so only a repaired file restarts the service)
+        # started-from record hashes it, so only a repaired file restarts the service). The count of bad
+        # verdicts is in it because a repaired file can come back with the size, mtime and even the inode
+        # number of the bad one (rsync keeps the mtime; a freed inode is reused): its stamp still differs.
         write_stamp(stamp_path, {
             "manifest_digest": digest, "repo": manifest["repo"], "commit": manifest["commit"],
             "files": {e["path"]: stat_key(os.path.join(root, e["path"])) for e in manifest["files"]},
+            "bad_verdicts": read_bad_verdicts(stamp_path),
         })
-    elif write and os.path.exists(stamp_path):
-        os.unlink(stamp_path)  # a bad snapshot must not keep a stale "verified" stamp
+    elif write:
+        write_bad_verdicts(stamp_path, read_bad_verdicts(stamp_path) + 1)
+        if os.path.exists(stamp_path):
+            os.unlink(stamp_path)  # a bad snapshot must not keep a stale "verified" stamp
     return {**result, "ok": ok, "problems": problems, "seconds": round(time.monotonic() - started, 3)}
 
 
