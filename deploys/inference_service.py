@@ -633,70 +633,39 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
     yield FunctionCommand(_wait_and_gate, (head, model, release, record, workers), {})
 
 
-def image_repository(ref: str) -> str:
-    """`registry:5000/org/name` of `registry:5000/org/name:tag@sha256:…` (a port is no tag)."""
-    name = ref.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    return name[: len(name) - len(last)] + last.split(":", 1)[0]
-
-
-def images_to_prune(images: list[dict], used: list[str], keep_refs: list[str]) -> list[str]:
-    """IDs of the local images of the service's repository (theirs alone) that no kept release names (`name@digest`, matched
-    against the image's digest and every repo digest: an index digest is one of them) and no container uses.
-    Nothing when a kept release names its image by tag alone (its digest is unknown, so nothing is provably
-    unused)."""
-    if not keep_refs or any("@" not in ref for ref in keep_refs):
-        return []
-    repo = image_repository(keep_refs[-1])
-    keep = {ref.split("@", 1)[1] for ref in keep_refs}
-    out = []
-    for image in images:
-        names = [*(image.get("RepoDigests") or []), *(image.get("RepoTags") or [])]
-        if not names or any(image_repository(n) != repo for n in names):
-            continue  # another repository's, or shared with one (removing it by ID would untag theirs)
-        digests = {image.get("Digest")} | {d.split("@", 1)[1] for d in image.get("RepoDigests") or [] if "@" in d}
-        if digests & keep or image.get("Id") in used:
-            continue
-        out.append(image["Id"])
-    return out
-
-
 def prune_reads(cfg: NodeConfig) -> dict:
-    """What ``ReleasesOnDisk`` reads with, for ``releases_pruned``."""
-    return {"pruner": PRUNER, "history": release_history_path(cfg), "model_dir": cfg.model_dir,
-            "layout": cfg.model_layout, "kept": cfg.releases_kept, "keep": cfg.model_revision}
+    """What ``ReleasesOnDisk`` reads with, and ``releases_pruned`` prunes with."""
+    return {"pruner": PRUNER, "model_dir": cfg.model_dir, "layout": cfg.model_layout,
+            "history": release_history_path(cfg), "kept": cfg.releases_kept, "keep": cfg.model_revision,
+            "image": cfg.image_ref}
 
 
 @operation()
-def releases_pruned(pruner: str, history: str, model_dir: str, layout: str, kept: int, keep: str, image: str):
+def releases_pruned(pruner: str, model_dir: str, layout: str, history: str, kept: int, keep: str, image: str):
     """Releases beyond ``kept`` leave the disk once a newer one passed the gate: model commits (the `hf_cache`
     snapshots and the blobs no kept snapshot links to; a `plain` layout's kept trees) and images of the
-    service's repository that no kept release names. The commit and image the inventory asks for are always
-    kept, and nothing is pruned before a release has passed on this node.
+    service's repository that no kept release names (files/model_snapshot/snapshot_releases.py). The commit
+    and image the inventory asks for are always kept, and nothing is pruned before a release passed here.
 
-    + history: the node's release history (``release_history_path``)
+    + pruner: the node's pruner (installed with the verifier)
     + model_dir: the model directory (``NodeConfig.model_dir``)
     + layout: hf_cache or plain
+    + history: the node's release history (``release_history_path``)
     + kept: ``releases_kept``
-    + pruner: the node's pruner (installed with the verifier)
     + keep: the commit the inventory asks for
     + image: the image reference the inventory asks for
     """
-    disk = host.get_fact(ReleasesOnDisk, pruner=pruner, history=history, model_dir=model_dir, layout=layout,
-                         kept=kept, keep=keep)
-    if not disk["history"]:
+    args = dict(pruner=pruner, model_dir=model_dir, layout=layout, history=history, kept=kept, keep=keep, image=image)
+    plan = host.get_fact(ReleasesOnDisk, **args)
+    if not plan["history"]:
         host.noop("no release has passed the serving gate here yet: nothing is pruned")
         return
-    refs = [r.get("image") for r in disk["history"][-kept:]] + [image]
-    images = images_to_prune(disk["images"], disk["used"], [r for r in refs if isinstance(r, str)])
-    if not (disk["prunable"] or images):
+    if not (plan["paths"] or plan["images"] or not plan["recorded"]):
         host.noop(f"only the newest {kept} release(s) and the one asked for are on disk")
         return
-    if disk["prunable"]:
-        yield StringCommand("python3", pruner, QuoteString(model_dir), "--layout", layout, "--history",
-                            QuoteString(history), "--kept", str(kept), "--keep", QuoteString(keep), ">", "/dev/null")
-    if images:
-        yield StringCommand("podman", "rmi", *images)
+    yield StringCommand("python3", pruner, QuoteString(model_dir), "--layout", layout, "--history",
+                        QuoteString(history), "--kept", str(kept), "--keep", QuoteString(keep), "--image",
+                        QuoteString(image), ">", "/dev/null")
 
 
 @deploy("Inference service")
@@ -752,4 +721,4 @@ def inference_service():
                     head=cfg.is_head, workers=tuple(members[1:]) if cfg.is_head else (),
                     model=served_model_name(cfg))
     releases_pruned(name=f"Prune releases beyond the newest {cfg.releases_kept} (model commits, images)",
-                    image=cfg.image_ref, **prune_reads(cfg))
+                    **prune_reads(cfg))

@@ -161,48 +161,30 @@ class GatePassed(FactBase[GatePassedDict]):
 
 
 class ReleasesOnDiskDict(TypedDict):
-    history: list[dict]      # the releases that passed the gate on this node, newest last
-    prunable: list[str]      # model paths pruning would delete now (commits, cache blobs)
-    images: list[dict]       # every local image: Id, Digest, RepoDigests, RepoTags
-    used: list[str]          # image IDs some container (running or not) was made from
+    history: int         # how many releases passed the gate on this node (0: none, nothing is pruned)
+    paths: list[str]     # model paths pruning would delete now (commits, cache blobs)
+    images: list[str]    # image IDs it would remove
+    recorded: bool       # the images were pruned for the newest release already (none are read then)
 
 
 class ReleasesOnDisk(FactBase[ReleasesOnDiskDict]):
-    """What the node keeps of past releases, read without changing anything: the release history, what the
-    pruner (files/model_snapshot/snapshot_releases.py, `--plan`) would delete of the model, the local images
-    and the images containers use. deploys/inference_service.py ``releases_pruned`` decides from it."""
+    """What pruning the node's past releases would delete now, read by the pruner itself with `--plan` (it
+    changes nothing): files/model_snapshot/snapshot_releases.py. Before the pruner is installed: nothing."""
 
-    def command(self, pruner: str, history: str, model_dir: str, layout: str, kept: int, keep: str) -> str:
-        h = shlex.quote(history)
-        return (f"echo '{_MARK}history'; cat {h} 2>/dev/null; echo; echo '{_MARK}model'; "
-                f"python3 {shlex.quote(pruner)} {shlex.quote(model_dir)} --layout {shlex.quote(layout)} --history {h} "
-                f"--kept {int(kept)} --keep {shlex.quote(keep)} --plan 2>/dev/null; echo; echo '{_MARK}images'; "
-                f"podman images -q --no-trunc 2>/dev/null | sort -u | xargs -r podman image inspect 2>/dev/null; "
-                f"echo; echo '{_MARK}used'; podman ps -a --no-trunc --format '{{{{.ImageID}}}}' 2>/dev/null; true")
+    @staticmethod
+    def default() -> ReleasesOnDiskDict:
+        return {"history": 0, "paths": [], "images": [], "recorded": True}
+
+    def command(self, pruner: str, model_dir: str, layout: str, history: str, kept: int, keep: str, image: str) -> str:
+        return (f"[ ! -f {shlex.quote(pruner)} ] || python3 {shlex.quote(pruner)} {shlex.quote(model_dir)} --layout "
+                f"{shlex.quote(layout)} --history {shlex.quote(history)} --kept {int(kept)} --keep {shlex.quote(keep)} "
+                f"--image {shlex.quote(image)} --plan")
 
     def process(self, output: list[str]) -> ReleasesOnDiskDict:
-        parts: dict[str, list[str]] = {}
-        name = None
-        for line in output:
-            if line.startswith(_MARK):
-                name = line[len(_MARK):].strip()
-                parts[name] = []
-            elif name:
-                parts[name].append(line)
-        if set(parts) != {"history", "model", "images", "used"}:
-            raise FactProcessError(f"ReleasesOnDisk: sections missing in {output!r}")
-
-        def load(key: str, default: Any) -> Any:
-            text = "\n".join(parts[key]).strip()
-            try:
-                return json.loads(text) if text else default
-            except ValueError:
-                return default
-
-        history = load("history", [])
-        model = load("model", {})
-        images = load("images", [])
-        return {"history": [r for r in history if isinstance(r, dict)] if isinstance(history, list) else [],
-                "prunable": list(model.get("prunable", [])) if isinstance(model, dict) else [],
-                "images": [i for i in images if isinstance(i, dict)] if isinstance(images, list) else [],
-                "used": sorted({line.strip() for line in parts["used"] if line.strip()})}
+        text = "\n".join(output).strip()
+        try:
+            plan = json.loads(text) if text else {}
+        except ValueError:
+            raise FactProcessError(f"ReleasesOnDisk: not the pruner's plan: {text[-300:]!r}") from None
+        return {"history": int(plan.get("history", 0)), "paths": list(plan.get("paths", [])),
+                "images": list(plan.get("images", [])), "recorded": bool(plan.get("recorded", True))}

@@ -16,6 +16,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 # run as a file on the node, beside the verifier's modules; imported as files.model_snapshot.* elsewhere
@@ -43,17 +45,6 @@ def link_tree(paths: list[str], src: str, dest: str, files_in_dest: set[str]) ->
         os.replace(tmp, target)
     for rel in sorted(files_in_dest - set(paths)):
         os.unlink(os.path.join(dest, rel))
-
-
-def kept_commits(history_path: str, kept: int) -> list[str]:
-    """The model commits of the newest ``kept`` releases in the node's release history (newest last)."""
-    try:
-        with open(history_path) as f:
-            history = json.load(f)
-    except (OSError, ValueError):
-        history = []
-    releases = [r for r in history if isinstance(r, dict)][-kept:] if kept > 0 else []
-    return [r["model_revision"] for r in releases if isinstance(r.get("model_revision"), str)]
 
 
 def _cache_links(snapshot: str) -> set[str]:
@@ -98,22 +89,102 @@ def prune(paths: list[str]) -> None:
             os.unlink(path)
 
 
+def image_repository(ref: str) -> str:
+    """`registry:5000/org/name` of `registry:5000/org/name:tag@sha256:…` (a port is no tag)."""
+    name = ref.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return name[: len(name) - len(last)] + last.split(":", 1)[0]
+
+
+def images_to_prune(images: list[dict], used: list[str], keep_refs: list[str]) -> list[str]:
+    """IDs of the local images of the service's repository (theirs alone) that no kept release names
+    (`name@digest`, matched against the image's digest and every repo digest: an index digest is one of them) and
+    no container uses. Nothing when a kept release names its image by tag alone (its digest is unknown, so
+    nothing is provably unused)."""
+    if not keep_refs or any("@" not in ref for ref in keep_refs):
+        return []
+    repo = image_repository(keep_refs[-1])
+    keep = {ref.split("@", 1)[1] for ref in keep_refs}
+    out = []
+    for image in images:
+        names = [*(image.get("RepoDigests") or []), *(image.get("RepoTags") or [])]
+        if not names or any(image_repository(n) != repo for n in names):
+            continue  # another repository's, or shared with one (removing it by ID would untag theirs)
+        digests = {image.get("Digest")} | {d.split("@", 1)[1] for d in image.get("RepoDigests") or [] if "@" in d}
+        if digests & keep or image.get("Id") in used:
+            continue
+        out.append(image["Id"])
+    return out
+
+
+def _podman(*args: str) -> str:
+    proc = subprocess.run(["podman", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise OSError(f"podman {args[0]}: {proc.stderr.strip()[-300:]}")
+    return proc.stdout
+
+
+def local_images() -> tuple[list[dict], list[str]]:
+    """Every local image (podman's inspect JSON) and the IDs of the images containers were made from."""
+    ids = sorted(set(_podman("images", "-q", "--no-trunc").split()))
+    images = json.loads(_podman("image", "inspect", *ids)) if ids else []
+    used = sorted(set(_podman("ps", "-a", "--no-trunc", "--format", "{{.ImageID}}").split()))
+    return images, used
+
+
+def read_history(path: str) -> list[dict]:
+    try:
+        with open(path) as f:
+            history = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return [r for r in history if isinstance(r, dict)] if isinstance(history, list) else []
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Plan (``--plan``: print what would go, change nothing) or prune, as one JSON line. Images are looked at
+    once per release that passed (``<history>.pruned`` records the last one pruned for): a no-op converge
+    runs no podman command."""
     import argparse
-    import sys
-    ap = argparse.ArgumentParser(description="Prune model commits beyond the kept releases")
+    ap = argparse.ArgumentParser(description="Prune model commits and images beyond the kept releases")
     ap.add_argument("model_dir")
     ap.add_argument("--layout", choices=("hf_cache", "plain"), required=True)
     ap.add_argument("--history", required=True, help="the node's release history (JSON list, newest last)")
     ap.add_argument("--kept", type=int, required=True, help="how many of the newest releases keep their commit")
     ap.add_argument("--keep", action="append", default=[], help="a commit kept whatever the history says")
+    ap.add_argument("--image", help="the image the inventory asks for (images are pruned only with it)")
     ap.add_argument("--plan", action="store_true", help="print what would go, delete nothing")
     args = ap.parse_args(argv)
-    keep = set(kept_commits(args.history, args.kept)) | set(args.keep)
-    gone = prune_plan(args.model_dir, args.layout, keep)
+    history = read_history(args.history)
+    if not history:  # nothing has passed here yet: nothing is known to be unused
+        print(json.dumps({"history": 0, "paths": [], "images": [], "recorded": True}))
+        return 0
+    kept = history[-args.kept:]
+    keep = {r["model_revision"] for r in kept if isinstance(r.get("model_revision"), str)} | set(args.keep)
+    paths = prune_plan(args.model_dir, args.layout, keep)
+    marker = f"{args.history}.pruned"
+    try:
+        with open(marker) as f:
+            recorded = f.read().strip() == str(history[-1].get("release"))
+    except OSError:
+        recorded = False
+    images: list[str] = []
+    if args.image and not recorded:
+        refs = [r["image"] for r in kept if isinstance(r.get("image"), str)] + [args.image]
+        try:
+            images = images_to_prune(*local_images(), refs)
+        except (OSError, ValueError) as e:  # no podman, or it failed: images are looked at again next time
+            print(f"prune: images not read: {e}", file=sys.stderr)
+            recorded = True
     if not args.plan:
-        prune(gone)
-    print(json.dumps({"keep": sorted(keep), "pruned" if not args.plan else "prunable": gone}, sort_keys=True))
+        prune(paths)
+        if images:
+            _podman("rmi", *images)
+        with open(f"{marker}.tmp", "w") as f:
+            f.write(f"{history[-1].get('release')}\n")
+        os.replace(f"{marker}.tmp", marker)
+    print(json.dumps({"history": len(history), "paths": paths, "images": images, "recorded": recorded},
+                     sort_keys=True))
     return 0
 
 

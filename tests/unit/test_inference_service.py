@@ -362,7 +362,7 @@ def test_the_last_good_release_is_kept_whole_and_put_back_by_the_shell_commands(
 
 
 def test_images_pruned_are_of_the_repository_unkept_and_unused():
-    from deploys.inference_service import image_repository, images_to_prune
+    from files.model_snapshot.snapshot_releases import image_repository, images_to_prune
 
     assert image_repository("reg:5000/org/vllm:v1@sha256:aa") == "reg:5000/org/vllm"
     assert image_repository("reg:5000/org/vllm") == "reg:5000/org/vllm"
@@ -380,9 +380,10 @@ def test_images_pruned_are_of_the_repository_unkept_and_unused():
     assert images_to_prune(images, [], ["reg:5000/org/vllm:v1"]) == []  # a tag names no digest: nothing provably unused
 
 
-def test_pruning_keeps_the_newest_commits_and_every_blob_they_link_to(tmp_path):
+def test_pruning_keeps_the_newest_commits_and_every_blob_they_link_to(tmp_path, monkeypatch, capsys):
     """The pruner on a real hf_cache tree and a plain one: commits beyond the newest kept releases go, the commit
-    asked for stays, and a blob shared with a kept snapshot survives."""
+    asked for stays, and a blob shared with a kept snapshot survives. Images (podman a stub that answers and logs)
+    are looked at once per release that passed: the unkept one is removed, and the next run reads none."""
     from files.model_snapshot.snapshot_releases import main
 
     cache = tmp_path / "models--org--m"
@@ -395,20 +396,44 @@ def test_pruning_keeps_the_newest_commits_and_every_blob_they_link_to(tmp_path):
         for blob in blobs:
             os.symlink(f"../../blobs/{blob}", cache / "snapshots" / rev / f"{blob}.safetensors")
     history = tmp_path / "history.json"
-    history.write_text(json.dumps([{"release": r, "model_revision": rev} for r, rev in zip("123", revs)]))
-    assert main([str(cache), "--layout", "hf_cache", "--history", str(history), "--kept", "1", "--keep", revs[1], "--plan"]) == 0
+    history.write_text(json.dumps([{"release": r, "model_revision": rev, "image": f"reg/vllm@sha256:{r}"}
+                                   for r, rev in zip("123", revs)]))
+
+    def prune(root, layout, kept, keep, *more):
+        capsys.readouterr()
+        assert main([str(root), "--layout", layout, "--history", str(history), "--kept", str(kept), "--keep", keep,
+                     *more]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert prune(cache, "hf_cache", 1, revs[1], "--plan")["paths"]
     assert sorted(os.listdir(cache / "snapshots")) == revs  # --plan deletes nothing
-    assert main([str(cache), "--layout", "hf_cache", "--history", str(history), "--kept", "1", "--keep", revs[1]]) == 0
+    prune(cache, "hf_cache", 1, revs[1])
     assert sorted(os.listdir(cache / "snapshots")) == revs[1:]
     assert sorted(os.listdir(cache / "blobs")) == ["only-c", "shared"]
     plain = tmp_path / "plain"
     for rev in revs:
         (plain / ".inference-nodes-releases" / rev).mkdir(parents=True)
     (plain / ".inference-nodes-releases" / "not-a-commit").mkdir()
-    assert main([str(plain), "--layout", "plain", "--history", str(history), "--kept", "2", "--keep", revs[0]]) == 0
+    prune(plain, "plain", 2, revs[0])
     assert sorted(os.listdir(plain / ".inference-nodes-releases")) == sorted([*revs, "not-a-commit"])
-    assert main([str(plain), "--layout", "plain", "--history", str(history), "--kept", "1", "--keep", revs[2]]) == 0
+    prune(plain, "plain", 1, revs[2])
     assert sorted(os.listdir(plain / ".inference-nodes-releases")) == [revs[2], "not-a-commit"]
+    bin_dir, log = tmp_path / "bin", tmp_path / "podman.log"
+    bin_dir.mkdir()
+    inspect = json.dumps([{"Id": i, "Digest": f"sha256:{i}", "RepoDigests": [f"reg/vllm@sha256:{i}"]} for i in "123"])
+    (bin_dir / "podman").write_text(
+        f"#!/bin/sh\necho \"$@\" >> {log}\ncase \"$1\" in\n  images) printf '1\\n2\\n3\\n' ;;\n"
+        f"  image) echo '{inspect}' ;;\n  ps) echo 1 ;;\nesac\n")
+    (bin_dir / "podman").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    (tmp_path / "history.json.pruned").unlink()  # the runs above pruned for release 3: as if it had just passed
+    assert prune(plain, "plain", 2, revs[2], "--image", "reg/vllm@sha256:3", "--plan")["images"] == []  # 1 in use, 2 kept
+    assert prune(plain, "plain", 1, revs[2], "--image", "reg/vllm@sha256:3")["images"] == ["2"]
+    assert "rmi 2" in log.read_text()
+    log.unlink()
+    assert prune(plain, "plain", 1, revs[2], "--image", "reg/vllm@sha256:3", "--plan") == {
+        "history": 3, "paths": [], "images": [], "recorded": True}
+    assert not log.exists(), "once pruned for the newest release, no podman command runs"
 
 
 def test_a_cluster_changes_only_with_every_member_here():
