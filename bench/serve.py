@@ -5,8 +5,8 @@ contract, TP=2 in one node) and the two-node profile (sandbox-b0 + sandbox-b1: o
 nodes), first start (compile cache emptied) and restart (cache kept). Then, with `--converges`, the time a
 converge takes until it ends, gate passed (the converge waits for it): a first deploy (service stopped, no gate
 record, compile cache emptied), an upgrade to another model commit (the stand-in hub's other good commit;
-back to the inventory's after), and a failed upgrade (the scrambled commit: the gate fails; one node rolls
-back; a multi-node cluster is left as it is). Prints tables; not a test.
+back to the inventory's after), and a failed upgrade (the scrambled commit: the gate fails and the cluster
+rolls back, workers first). Prints tables; not a test.
 
     python bench/serve.py [--profiles one,two] [--converges]
 

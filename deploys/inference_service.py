@@ -29,6 +29,7 @@ from pyinfra.facts.files import Directory, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files
 
+from deploys import model_integrity
 from deploys.host_tuning import render_fabric_env
 from deploys.fact_cache import expect
 from deploys.inventory import inventory_configs, node_cluster, node_config
@@ -399,12 +400,13 @@ RELEASES_DIR = "/var/lib/inference-nodes/releases"
 
 def release_files(cfg: NodeConfig) -> list[tuple[str, str, str]]:
     """(name, path, mode) of every node file a release consists of beside its image and snapshot: what a rollback
-    puts back (the unit and its environment, the model's manifest, verify stamp, deep-verify record and start gate,
-    which name the snapshot the release serves)."""
+    puts back (the unit and its environments, the model's manifest, verify stamp, deep-verify record, start gate
+    and deep-verify service, which name the snapshot the release serves)."""
     out = [("unit.container", f"{UNIT_DIR}/{cfg.container_name}.container", "0644"),
-           ("service.env", service_env_path(cfg), "0600"), ("model-manifest.json", MANIFEST, "0644"),
-           ("model-verified.json", STAMP, "0644"), ("model-deep-verify.json", RECORD, "0644"),
-           ("model-gate", GATE, "0755")]
+           ("service.env", service_env_path(cfg), "0600"), ("fabric.env", cfg.fabric_env_file, "0600"),
+           ("model-manifest.json", MANIFEST, "0644"), ("model-verified.json", STAMP, "0644"),
+           ("model-deep-verify.json", RECORD, "0644"), ("model-gate", GATE, "0755"),
+           ("model-verify.service", f"{model_integrity.UNIT_DIR}/{model_integrity.UNIT}.service", "0644")]
     if cfg.model_layout == "hf_cache":
         out.append(("refs-main", f"{cfg.model_dir}/refs/main", "0644"))
     return out

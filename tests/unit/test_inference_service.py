@@ -292,11 +292,16 @@ def test_the_last_good_release_is_kept_whole_and_put_back_by_the_shell_commands(
     model = tmp_path / "model"
     cfg = NodeConfig.model_validate({**profile("gb10_dspark"), "node_rank": 0, "fabric_address": "198.51.100.20",
                                      "tensor_parallel_size": 1})
-    cfg = cfg.model_copy(update={"model_root": str(model)})  # validation keeps model_root out of /tmp; a test may not
+    # validation keeps these paths out of /tmp; a test may not
+    cfg = cfg.model_copy(update={"model_root": str(model), "fabric_env_file": str(root / "fabric.env")})
+    monkeypatch.setattr(svc.model_integrity, "UNIT_DIR", str(root / "systemd"))
+    (root / "systemd").mkdir(parents=True)
     assert cfg.model_layout == "plain"
     files = svc.release_files(cfg)
-    assert [n for n, _, _ in files] == ["unit.container", "service.env", "model-manifest.json", "model-verified.json",
-                                        "model-deep-verify.json", "model-gate"]  # plain layout: no refs/main
+    assert [n for n, _, _ in files] == ["unit.container", "service.env", "fabric.env", "model-manifest.json",
+                                        "model-verified.json", "model-deep-verify.json", "model-gate",
+                                        "model-verify.service"]  # plain layout: no refs/main
+    assert all(path.startswith(str(root)) for _, path, _ in files)
     (root / "units").mkdir(parents=True)
 
     def commit(tag: str, names: list[str]) -> str:
