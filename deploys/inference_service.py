@@ -547,7 +547,10 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
     first, restarted and gated again), and the host fails saying what failed and what the cluster serves now."""
     me = _Member(host)
     cfg, service = me.cfg, f"{me.cfg.container_name}.service"
-    members = [_Member(state.inventory.get_host(name)) for name in workers]
+    in_run = [state.inventory.get_host(name) for name in workers]
+    # a worker outside this run (--limit: a head restarted alone) is not reached: it keeps what it kept
+    members = [_Member(h) for h in in_run if h in state.active_hosts and h not in state.failed_hosts]
+    away = [h.name for h in in_run if h not in state.active_hosts or h in state.failed_hosts]
 
     def progress(line: str) -> None:
         host.log_styled(line, log_func=logger.info)
@@ -572,7 +575,7 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
             return host_failed(host, f"{host.name}: the serving gate passed, but the release could not be kept "
                                      f"({record}, {good_release_dir(cfg)})")
         progress(f"{why}: {release_named(release)}, kept as the last good release"
-                 + (f" (with its workers {', '.join(workers)})" if workers else ""))
+                 + (f" (with its workers {', '.join(m.host.name for m in members)})" if members else ""))
         return True
     failure = f"{host.name}: {why}"
     policy = cfg.failed_release_policy
@@ -584,6 +587,9 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
         stopped = all(m.ok(f"systemctl stop {m.cfg.container_name}.service") for m in [me, *members])
         return host_failed(host, f"{failure}\n{host.name}: {service}" + (f" and its workers' services" if members else "")
                            + (" stopped (failed_release_policy=stop)" if stopped else " could not be stopped"))
+    if away:
+        return host_failed(host, f"{failure}\n{host.name}: its workers {', '.join(away)} are not in this run: nothing "
+                                 f"rolled back ({service} left as it is)")
     good, what = _rollback(me, members, release, progress)
     if good is None:
         return host_failed(host, f"{failure}\n{host.name}: {what} ({service} left as it is)")
