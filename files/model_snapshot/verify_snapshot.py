@@ -95,7 +95,7 @@ def write_stamp(path: str, stamp: dict) -> None:
 
 
 def read_bad_verdicts(stamp_path: str) -> int:
-    """How many verdicts found the snapshot bad (``<stamp>.bad-verdicts``, kept across good ones)."""
+    """How many verdicts found a file's content bad (``<stamp>.bad-verdicts``, kept across good ones)."""
     try:
         with open(f"{stamp_path}.bad-verdicts") as f:
             return int(f.read().strip() or 0)
@@ -273,7 +273,8 @@ def verify(manifest_path: str, root: str, stamp_path: str | None = None, full: b
             "bad_verdicts": read_bad_verdicts(stamp_path),
         })
     elif write:
-        write_bad_verdicts(stamp_path, read_bad_verdicts(stamp_path) + 1)
+        if any(p.startswith("HASH ") for p in problems):  # content a service may have loaded (missing or resized
+            write_bad_verdicts(stamp_path, read_bad_verdicts(stamp_path) + 1)  # files come back with new stats)
         if os.path.exists(stamp_path):
             os.unlink(stamp_path)  # a bad snapshot must not keep a stale "verified" stamp
     return {**result, "ok": ok, "problems": problems, "seconds": round(time.monotonic() - started, 3)}

@@ -190,6 +190,13 @@ def test_same_size_flip_passes_the_stamp_and_a_full_rehash_finds_and_records_it(
     assert {**json.loads(repaired), "bad_verdicts": 0} == json.loads(stamp_before)
     assert subprocess.run([*cli, "--full"], capture_output=True).returncode == 0
     assert open(snap["stamp"], "rb").read() == repaired, "an unchanged snapshot re-verified writes the same stamp"
+    # a file missing (a fresh directory, a deleted file) is no content anyone loaded: the count stays
+    moved = blob + ".away"
+    os.rename(blob, moved)
+    assert subprocess.run([*cli, "--full"], capture_output=True).returncode == 1
+    os.rename(moved, blob)
+    assert subprocess.run([*cli, "--full"], capture_output=True).returncode == 0
+    assert open(snap["stamp"], "rb").read() == repaired
 
 
 def test_the_installed_files_alone_verify_and_find_a_flipped_byte(snap, tmp_path):
