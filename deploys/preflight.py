@@ -20,6 +20,7 @@ from pyinfra.facts.server import OsRelease
 from deploys.fact_cache import expect
 from deploys.host_tuning import host_shm_problem
 from deploys.inventory import node_config
+from deploys.model_snapshot import STAMP
 from deploys.nvidia_driver import packages_differ_message
 from deploys.run_state import kept
 from deploys.schema import NodeConfig
@@ -60,6 +61,13 @@ def fabric_problem(cfg: NodeConfig, addresses: list[str]) -> str | None:
             f"{', '.join(a.split('/')[0] for a in addresses)}): the other ranks could not reach it")
 
 
+def resources_args(cfg: NodeConfig) -> dict:
+    """NodeResources' arguments. The `plain` layout has one directory for every commit: its stamp says which commit
+    the bytes there are (`hf_cache` has a directory per commit, and keeps the others' snapshots beside)."""
+    args = {"model_root": cfg.model_root, "snapshot_dir": cfg.snapshot_dir}
+    return args if cfg.model_layout == "hf_cache" else {**args, "revision": cfg.model_revision, "stamp": STAMP}
+
+
 def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: dict | None = None,
                  addresses: list[str] | None = None, devices: list[str] | None = None) -> list[str]:
     """What stops this host from running its profile (empty when it can). ``devices``: which of
@@ -87,9 +95,13 @@ def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: d
         out.append(f"arch is {res['arch']}, the profile needs {cfg.node_arch} (node_arch)")
     need = max(0, int(cfg.model_size_gb * 1e9) - res["model_present_bytes"])
     if res["disk_free_bytes"] < need:
+        held = res.get("model_held_commit")
+        beside = (f"; the directory holds commit {held[:12]}, kept beside the new one for a rollback until the new "
+                  "release passed the serving gate" if held else "")
         out.append(
             f"too little disk for the model at {cfg.model_root}: {res['disk_free_bytes']} bytes free at "
-            f"{res['disk_path']}, {need} bytes still needed (model_size_gb {cfg.model_size_gb:g})"
+            f"{res['disk_path']}, {need} bytes still needed for commit {cfg.model_revision[:12]} (model_size_gb "
+            f"{cfg.model_size_gb:g}{beside})"
         )
     shm = host_shm_problem(cfg, shm_bytes)
     if shm:
@@ -149,12 +161,13 @@ def preflight():
     """Facts only. The last host to report prints the table and raises if any host cannot run."""
     cfg = node_config()
     module = {"root": cfg.nvidia_module_root}
-    expect([(NodeResources, {"model_root": cfg.model_root, "snapshot_dir": cfg.snapshot_dir}),
+    resources = resources_args(cfg)
+    expect([(NodeResources, resources),
             (MountSizeBytes, {"path": "/dev/shm"}), (NvidiaSmiGpus, {}), (NvidiaDriverPackages, {}),
             (NvidiaKernelModule, module), (KernelPackages, {}), (InterfaceAddresses, {}),
             (ExistingPaths, {"paths": tuple(cfg.container_devices)}), (PodmanVersion, {}),
             (OsRelease, {})])  # the driver deploy reads it while preparing (its repo path): no round trip of its own
-    res = host.get_fact(NodeResources, model_root=cfg.model_root, snapshot_dir=cfg.snapshot_dir)
+    res = host.get_fact(NodeResources, **resources)
     shm_bytes = host.get_fact(MountSizeBytes, path="/dev/shm")
     smi = host.get_fact(NvidiaSmiGpus)
     state = driver_state(host.get_fact(NvidiaDriverPackages), host.get_fact(NvidiaKernelModule, root=cfg.nvidia_module_root),

@@ -8,6 +8,8 @@ from typing import NotRequired, TypedDict
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from files.model_snapshot.snapshot_manifest import KEPT_TREES
+
 
 # Shared by two facts: move $p up to its nearest existing parent (the model path may not exist yet), and
 # the bytes available there.
@@ -32,7 +34,12 @@ p={model_root}
 {nearest}
 echo "disk_path=$p"
 echo "disk_free_bytes=$({avail})"
-if [ -e {snapshot_dir} ]; then echo "model_present_bytes=$(du -sbL {snapshot_dir} 2>/dev/null | cut -f1)"; else echo "model_present_bytes=0"; fi
+held=$(sed -n 's/.*"commit": "\([0-9a-f]*\)".*/\1/p' {stamp} 2>/dev/null)
+if [ -n "$held" ] && [ "$held" != {revision} ]; then
+  echo "model_held_commit=$held"; echo "model_present_bytes=0"
+elif [ -e {snapshot_dir} ]; then
+  echo "model_present_bytes=$(du -sbL --exclude={kept_trees} {snapshot_dir} 2>/dev/null | cut -f1)"
+else echo "model_present_bytes=0"; fi
 echo "rdma=$(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' ')"
 """
 
@@ -48,7 +55,8 @@ class NodeResourcesDict(TypedDict):
     mem_bytes: int
     disk_path: NotRequired[str]  # the model path, or its nearest existing parent: where free space is read
     disk_free_bytes: int
-    model_present_bytes: int  # bytes of the snapshot already there (0: none)
+    model_present_bytes: int  # bytes of the asked commit already there (0: none, or the directory holds another)
+    model_held_commit: NotRequired[str]  # the verified commit a directory shared by every commit holds, when not the asked one
     rdma: list[str]  # /sys/class/infiniband devices
 
 
@@ -66,10 +74,15 @@ class NodeResources(FactBase[NodeResourcesDict]):
 
     default = dict
 
-    def command(self, model_root: str, snapshot_dir: str) -> str:
+    def command(self, model_root: str, snapshot_dir: str, revision: str = "", stamp: str = "/dev/null") -> str:
+        """``stamp``: the verify stamp, where ``snapshot_dir`` is one directory for every commit (the `plain` layout):
+        when it vouches for another commit than ``revision``, none of the asked commit counts as present (the sync
+        writes every file beside the held one, which is kept for a rollback)."""
         return (_NODE_RESOURCES.replace("{nearest}", _NEAREST).replace("{avail}", _AVAIL)
                 .replace("{model_root}", shlex.quote(model_root))
-                .replace("{snapshot_dir}", shlex.quote(snapshot_dir)))
+                .replace("{snapshot_dir}", shlex.quote(snapshot_dir))
+                .replace("{revision}", shlex.quote(revision)).replace("{stamp}", shlex.quote(stamp))
+                .replace("{kept_trees}", shlex.quote(KEPT_TREES)))
 
     def process(self, output: list[str]) -> NodeResourcesDict:
         values: dict = {}

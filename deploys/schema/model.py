@@ -29,7 +29,8 @@ class ModelKeys(ComponentKeys):
     model_size_gb: float = _key(
         167.0,
         description="disk the complete snapshot needs (GB, 10^9 bytes); preflight checks free space against "
-        "what is still missing",
+        "what the asked commit still misses (a new commit is synced beside the releases kept for a rollback: a "
+        "`plain` directory holding another commit counts as nothing)",
         gt=0, le=100_000,
     )
 

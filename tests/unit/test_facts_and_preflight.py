@@ -1,10 +1,12 @@
 """Fact parsers on real command output, and preflight's refusal rules."""
 
+import os
+import subprocess
 
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from deploys.preflight import format_table, problems_for, row_for
+from deploys.preflight import format_table, problems_for, resources_args, row_for
 from deploys.schema import NodeConfig
 from facts.host import MountSizeBytes, NodeResources
 from tests.unit.profiles import profile
@@ -160,3 +162,38 @@ def test_dgx_os_version_is_read_from_dgx_release_and_shown(tmp_path):
     row = row_for("spark-c0", CFG, res, 16 * 2**30)
     assert row[2] == "Debian GNU/Linux 13 (trixie) (DGX OS 7.4.0)"
     assert NodeResources().process(SANDBOX_OUTPUT)["dgx_os"] is None
+
+
+def _resources_on(tmp_path, **args) -> dict:
+    """NodeResources' real command, run by a real shell against a real directory."""
+    proc = subprocess.run(["sh", "-c", NodeResources().command(**args)], capture_output=True, text=True, check=True)
+    return NodeResources().process(proc.stdout.splitlines())
+
+
+def test_a_plain_directory_holding_another_commit_counts_nothing_as_present(tmp_path):
+    """The `plain` layout syncs a new commit over the directory that serves, keeping the old files as hard links
+    beside (for a rollback): none of the bytes there count towards the new commit, so preflight asks for its full
+    size, and refuses, naming the commit held, where the disk cannot hold both."""
+    plain = tmp_path / "model"
+    (plain / ".inference-nodes-releases" / "old").mkdir(parents=True)
+    (plain / "model.safetensors").write_bytes(b"x" * 300_000)
+    os.link(plain / "model.safetensors", plain / ".inference-nodes-releases" / "old" / "model.safetensors")
+    (plain / ".inference-nodes-releases" / "other.bin").write_bytes(b"y" * 500_000)  # a kept tree's own bytes
+    stamp = tmp_path / "stamp.json"
+    stamp.write_text('{"bad_verdicts": 0, "commit": "' + "a" * 40 + '", "files": {"model.safetensors": [1, 2, 3]}}')
+    args = {"model_root": str(plain), "snapshot_dir": str(plain), "stamp": str(stamp)}
+    same = _resources_on(tmp_path, **args, revision="a" * 40)
+    assert 300_000 <= same["model_present_bytes"] < 400_000, same  # the kept trees are not the asked commit's bytes
+    assert "model_held_commit" not in same
+    bumped = _resources_on(tmp_path, **args, revision="b" * 40)
+    assert bumped["model_present_bytes"] == 0 and bumped["model_held_commit"] == "a" * 40
+    stamp.unlink()  # a first sync killed half way: what is there counts
+    assert _resources_on(tmp_path, **args, revision="b" * 40)["model_present_bytes"] >= 300_000
+
+    cfg = CFG.model_copy(update={"model_layout": "plain", "model_root": str(plain), "model_size_gb": 100})
+    assert resources_args(cfg)["revision"] == cfg.model_revision and resources_args(cfg)["stamp"].endswith(".json")
+    (problem,) = problems_for(cfg, _res(disk_free_bytes=60 * 10**9, model_present_bytes=0,
+                                        model_held_commit="a" * 40), 16 * 2**30)
+    assert f"100000000000 bytes still needed for commit {cfg.model_revision[:12]}" in problem
+    assert "the directory holds commit aaaaaaaaaaaa, kept beside the new one for a rollback" in problem
+    assert "revision" not in resources_args(CFG)  # hf_cache: a directory per commit
