@@ -32,14 +32,14 @@ from pyinfra.operations import files
 from deploys import model_integrity
 from deploys.host_tuning import render_fabric_env
 from deploys.fact_cache import expect
-from deploys.inventory import inventory_configs, node_cluster, node_config
+from deploys.inventory import cluster_member_names, node_cluster, node_config
 from deploys.model_snapshot import GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER
-from deploys.ops import (atomic_put, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
+from deploys.ops import (atomic_put, cluster_all_here, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
                          follow_up_stamp, host_failed, secret_file)
 from deploys.serving_gate import (failed_checks, gate_checks, gate_command, journal_told, parse_readiness, readiness_command,
                                   wait_serving)
 from deploys.unit_text import command_line, env_file_line
-from deploys.schema import NodeConfig, cluster_head, cluster_of, clusters
+from deploys.schema import NodeConfig, cluster_head, cluster_of
 from facts.containers import GatePassed, ReleasesOnDisk, ServiceStartedFrom
 from facts.host import ManagedFiles
 from files import helper_path
@@ -314,21 +314,6 @@ def restart_reason(running: bool, start: dict, fingerprint: str) -> str | None:
     return None
 
 
-def _cluster_all_here(state, host, cluster: str, members: list[str]) -> bool:
-    """Execute time: every other member of ``cluster`` is in this run and has not failed (the steps before the
-    restart have run on all of them by now: operations run one at a time across hosts)."""
-    others = [state.inventory.get_host(m) for m in members if m != host.name]
-    failed = [m.name for m in others if m in state.failed_hosts]
-    outside = [m.name for m in others if m not in state.failed_hosts and m not in state.active_hosts]
-    if not failed and not outside:
-        return True
-    why = [f"{', '.join(failed)} failed earlier in this run"] if failed else []
-    why += [f"{', '.join(outside)} {'is' if len(outside) == 1 else 'are'} not in this run (--limit, or unreachable)"] if outside else []
-    return host_failed(host, f"{host.name}: the launch of cluster {cluster} changes, but {' and '.join(why)}: no member's "
-                             f"unit changes, and the cluster keeps serving its current launch. Converge the whole "
-                             f"cluster once every member can take the change")
-
-
 @operation()
 def cluster_changes_whole(unit_path: str, unit_text: str, cluster: str, members: list[str]):
     """A multi-node cluster changes as one: its members' units change only when every member is in this run and
@@ -346,7 +331,7 @@ def cluster_changes_whole(unit_path: str, unit_text: str, cluster: str, members:
     if host.get_fact(Sha256File, path=unit_path) == hashlib.sha256(unit_text.encode()).hexdigest():
         host.noop("unit unchanged")
         return
-    yield FunctionCommand(_cluster_all_here, (cluster, members), {})
+    yield FunctionCommand(cluster_all_here, (cluster, members), {})
 
 
 @operation()
@@ -708,8 +693,7 @@ def inference_service():
     check = args_check_command(cfg, vllm_argv(cfg, head, nodes)) if cfg.vllm_launch == "cli" else None
     vllm_accepts(name="Check the new command line with the image's own vLLM", unit_path=unit_path,
                  unit_text=unit_text, check=check)
-    ranked = sorted(clusters(inventory_configs(host.inventory))[cfg.cluster_name], key=lambda m: m[1].node_rank)
-    members = [name for name, _ in ranked]
+    members = cluster_member_names()
     cluster_changes_whole(name="Change a multi-node cluster only as a whole", unit_path=unit_path, unit_text=unit_text,
                           cluster=cfg.cluster_name, members=members)
     secret_file(batch=batch, name="Write the service environment (0600, never printed)",

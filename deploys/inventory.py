@@ -12,7 +12,7 @@ from pyinfra.api.inventory import Inventory, extract_name_data
 from pyinfra.context import ctx_state
 
 from deploys.run_state import kept
-from deploys.schema import Cluster, NodeConfig, cluster_of, validate_inventory
+from deploys.schema import Cluster, NodeConfig, cluster_of, clusters, validate_inventory
 
 
 def _remember_hosts_listed_twice() -> None:
@@ -64,6 +64,13 @@ def node_cluster(host=None) -> Cluster:
     """The serving group of ``host`` (default: the host pyinfra is preparing now): head, size, members."""
     host = host if host is not None else current_host
     return cluster_of(inventory_configs(host.inventory), host.name)
+
+
+def cluster_member_names(host=None) -> list[str]:
+    """The host names of every member of ``host``'s serving group, by rank (workers after the head)."""
+    host = host if host is not None else current_host
+    configs = inventory_configs(host.inventory)
+    return [name for name, _ in sorted(clusters(configs)[configs[host.name].cluster_name], key=lambda m: m[1].node_rank)]
 
 
 def load_inventory(path: str) -> Inventory:

@@ -22,11 +22,11 @@ from pyinfra.operations import apt, files
 from deploys import model_fanout, model_hub, model_push
 from deploys.apt_state import APT_READS, apt_lists_updated
 from deploys.fact_cache import expect
-from deploys.inventory import node_config
-from deploys.ops import atomic_put, fail_host, refuse, secret_file
+from deploys.inventory import cluster_member_names, node_config
+from deploys.ops import atomic_put, cluster_all_here, fail_host, refuse, secret_file
 from deploys.run_state import this_run
 from deploys.schema import NodeConfig
-from facts.host import FreeBytes, ManagedFiles
+from facts.host import FreeBytes, ManagedFiles, NodeResources
 from facts.model import ModelVerification, SeedDaemon
 from files import helper_path
 from files.model_snapshot.snapshot_manifest import OWNER_MARKER, read_manifest
@@ -164,6 +164,30 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
                         "--record", RECORD)
 
 
+def resources_args(cfg: NodeConfig) -> dict:
+    """NodeResources' arguments. The `plain` layout has one directory for every commit: its stamp says which commit
+    the bytes there are (`hf_cache` has a directory per commit, and keeps the others' snapshots beside)."""
+    args = {"model_root": cfg.model_root, "snapshot_dir": cfg.snapshot_dir}
+    return args if cfg.model_layout == "hf_cache" else {**args, "revision": cfg.model_revision, "stamp": STAMP}
+
+
+@operation()
+def cluster_model_changes_whole(cluster: str, members: list[str], held: str | None, revision: str):
+    """A multi-node cluster on the `plain` layout changes its model commit as one: the sync rewrites the directory
+    every start loads, so a member would restart onto the new commit while one outside this run (or failed before
+    this step) keeps the old. Then every member in the run fails before its directory or manifest changes.
+
+    + cluster: the cluster's name
+    + members: the host names of every member
+    + held: the commit the directory's verify stamp vouches for (None: none verified yet)
+    + revision: the commit the inventory asks for
+    """
+    if len(members) < 2 or held is None or held == revision:
+        host.noop("no multi-node model commit change")
+        return
+    yield FunctionCommand(cluster_all_here, (cluster, members, f" (model commit {held[:12]} -> {revision[:12]})"), {})
+
+
 @deploy("Model snapshot")
 def model_snapshot():
     cfg: NodeConfig = node_config()
@@ -180,6 +204,10 @@ def model_snapshot():
     # not the verification itself: it may re-hash every file, and would run twice if a command ran in between
     expect([*APT_READS, (ManagedFiles, {"paths": batch}), (Directory, {"path": posixpath.dirname(STAMP)}),
             (File, {"path": HUB_TOKEN}), (SeedDaemon, {"unit": model_fanout.SEED_UNIT, "secret_dir": model_fanout.SEED_DIR})])
+    if cfg.model_layout == "plain":  # the fact preflight read: no round trip of its own
+        held = host.get_fact(NodeResources, **resources_args(cfg)).get("model_held_commit")
+        cluster_model_changes_whole(name="Change a multi-node cluster's model commit only as a whole",
+                                    cluster=cfg.cluster_name, members=cluster_member_names(), held=held, revision=cfg.model_revision)
     for name, dest in zip(VERIFIER_FILES, verifier):
         atomic_put(batch=batch, name=f"Install the snapshot verifier ({name})",
                   src=helper_path(f"model_snapshot/{name}"), dest=dest, user="root", group="root",

@@ -40,6 +40,21 @@ def _fail_host(state, host, message: str) -> bool:
     return host_failed(host, message)
 
 
+def cluster_all_here(state, host, cluster: str, members: list[str], change: str = "") -> bool:
+    """Execute time: every other member of ``cluster`` is in this run and has not failed (the steps before the
+    restart have run on all of them by now: operations run one at a time across hosts)."""
+    others = [state.inventory.get_host(m) for m in members if m != host.name]
+    failed = [m.name for m in others if m in state.failed_hosts]
+    outside = [m.name for m in others if m not in state.failed_hosts and m not in state.active_hosts]
+    if not failed and not outside:
+        return True
+    why = [f"{', '.join(failed)} failed earlier in this run"] if failed else []
+    why += [f"{', '.join(outside)} {'is' if len(outside) == 1 else 'are'} not in this run (--limit, or unreachable)"] if outside else []
+    return host_failed(host, f"{host.name}: the launch of cluster {cluster} changes{change}, but {' and '.join(why)}: no member's "
+                             f"unit or model changes, and the cluster keeps serving its current launch. Converge the whole "
+                             f"cluster once every member can take the change")
+
+
 class ControlNodeError(RuntimeError):
     """The control node cannot provide what a host needs (its model download, the hub client's wheels): that
     host fails, with this message (fail_host, host_failed); the others go on."""

@@ -20,7 +20,7 @@ from pyinfra.facts.server import OsRelease
 from deploys.fact_cache import expect
 from deploys.host_tuning import host_shm_problem
 from deploys.inventory import node_config
-from deploys.model_snapshot import STAMP
+from deploys.model_snapshot import resources_args
 from deploys.nvidia_driver import packages_differ_message
 from deploys.run_state import kept
 from deploys.schema import NodeConfig
@@ -59,13 +59,6 @@ def fabric_problem(cfg: NodeConfig, addresses: list[str]) -> str | None:
             return None
     return (f"fabric_address {cfg.fabric_address} is not an address of this node (it has "
             f"{', '.join(a.split('/')[0] for a in addresses)}): the other ranks could not reach it")
-
-
-def resources_args(cfg: NodeConfig) -> dict:
-    """NodeResources' arguments. The `plain` layout has one directory for every commit: its stamp says which commit
-    the bytes there are (`hf_cache` has a directory per commit, and keeps the others' snapshots beside)."""
-    args = {"model_root": cfg.model_root, "snapshot_dir": cfg.snapshot_dir}
-    return args if cfg.model_layout == "hf_cache" else {**args, "revision": cfg.model_revision, "stamp": STAMP}
 
 
 def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: dict | None = None,

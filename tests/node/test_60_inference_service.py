@@ -455,6 +455,25 @@ def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbo
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", "gb10_dspark")) == []
 
 
+def test_a_pair_member_bumped_alone_keeps_its_model_and_serves_on(sandbox):
+    """The `plain` layout's unit does not name the model commit, yet the commit is part of the launch: the head
+    converged alone (--limit) onto another commit fails before its directory or manifest changes, and the pair
+    serves on as one job."""
+    head, other = "sandbox-b0", "7872f01b1d1fe23eabc4c98b48bffcef5a386062"
+    plain = "/srv/models/DeepSeek-V4-Flash-0731"
+    look = (f"stat -c '%n %i %Y' {plain}/*.safetensors /etc/inference-nodes/model-manifest.json; "
+            f"systemctl show -p InvocationID --value {UNITS[head]}")
+    before = on_node(head, look).stdout
+    manifest = f"{SANDBOX_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{other}.json"
+    proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", head, "--data", f"model_revision={other}",
+                   "--data", f"model_manifest={manifest}", check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert (f"{head}: the launch of cluster gb10-dspark changes (model commit 9e165c30e270 -> 7872f01b1d1f), but "
+            "sandbox-b1 is not in this run") in proc.stderr, proc.stderr[-3000:]
+    assert on_node(head, look).stdout == before, "the head's model files, manifest and service as they were"
+    assert gate("--limit", head).returncode == 0
+
+
 def test_a_release_whose_engine_refuses_to_start_fails_the_converge_with_the_reason(sandbox, tmp_path):
     """`--gpu-memory-utilization 1.2` (A's script turns GPU_MEMORY_UTILIZATION into it): vLLM 0.21's argument parser
     accepts it, its engine refuses it at start (CacheConfig: less than or equal to 1). The converge fails the host

@@ -444,7 +444,7 @@ def test_pruning_keeps_the_newest_commits_and_every_blob_they_link_to(tmp_path, 
 def test_a_cluster_changes_only_with_every_member_here():
     from types import SimpleNamespace
 
-    from deploys.inference_service import _cluster_all_here
+    from deploys.ops import cluster_all_here
 
     said = []
 
@@ -458,9 +458,12 @@ def test_a_cluster_changes_only_with_every_member_here():
     hosts = {n: Host(n) for n in ("b0", "b1", "b2")}
     state = SimpleNamespace(inventory=SimpleNamespace(get_host=hosts.__getitem__), failed_hosts=set(),
                             active_hosts=set(hosts.values()))
-    assert _cluster_all_here(state, hosts["b0"], "pair", ["b0", "b1", "b2"]) is True and not said
+    assert cluster_all_here(state, hosts["b0"], "pair", ["b0", "b1", "b2"]) is True and not said
     state.failed_hosts, state.active_hosts = {hosts["b1"]}, {hosts["b0"]}
-    assert _cluster_all_here(state, hosts["b0"], "pair", ["b0", "b1", "b2"]) is False
+    assert cluster_all_here(state, hosts["b0"], "pair", ["b0", "b1", "b2"]) is False
     assert said == ["b0: the launch of cluster pair changes, but b1 failed earlier in this run and b2 is not in this run "
-                    "(--limit, or unreachable): no member's unit changes, and the cluster keeps serving its current "
-                    "launch. Converge the whole cluster once every member can take the change"]
+                    "(--limit, or unreachable): no member's unit or model changes, and the cluster keeps serving its "
+                    "current launch. Converge the whole cluster once every member can take the change"]
+    said.clear()
+    assert cluster_all_here(state, hosts["b0"], "pair", ["b0", "b1"], " (model commit a -> b)") is False
+    assert said[0].startswith("b0: the launch of cluster pair changes (model commit a -> b), but b1 failed earlier")
