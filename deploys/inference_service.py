@@ -413,15 +413,6 @@ def kept_tree(cfg: NodeConfig, revision: str) -> str | None:
 
 
 HISTORY_KEYS = ("release", "image", "model_repo", "model_revision", "manifest_sha256", "unit", "passed_at")
-# appends one release to the history (replacing an older entry of the same release), through a rename
-_HISTORY_APPEND = ("import json, os, sys\n"
-                   "path, entry = sys.argv[1], json.loads(sys.argv[2])\n"
-                   "try:\n    history = json.load(open(path))\nexcept (OSError, ValueError):\n    history = []\n"
-                   "history = [r for r in history if isinstance(r, dict) and r.get('release') != entry['release']]\n"
-                   "open(path + '.tmp', 'w').write(json.dumps(history[-49:] + [entry], sort_keys=True) + '\\n')\n"
-                   "os.replace(path + '.tmp', path)\n")
-
-
 def save_good_command(cfg: NodeConfig, passed: dict) -> str:
     """Keep the release that just passed the gate as the last good one: a `plain` layout's model commit linked
     into its kept tree; the release's files copied whole into a new directory (0700), then swapped in by rename,
@@ -437,7 +428,7 @@ def save_good_command(cfg: NodeConfig, passed: dict) -> str:
             f"> /dev/null && " if tree else "")
     return (f"{keep}umask 077 && rm -rf {new} {old} && mkdir -p {new} && {copies} && printf %s {record} > {new}/release.json"
             f" && {{ [ ! -e {good} ] || mv {good} {old}; }} && mv {new} {good} && rm -rf {old} && "
-            f"python3 -c {shlex.quote(_HISTORY_APPEND)} {release_history_path(cfg)} {entry}")
+            f"python3 {PRUNER} record {release_history_path(cfg)} {entry}")
 
 
 def restore_good_command(cfg: NodeConfig, good: dict) -> str:

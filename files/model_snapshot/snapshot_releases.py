@@ -141,11 +141,27 @@ def read_history(path: str) -> list[dict]:
     return [r for r in history if isinstance(r, dict)] if isinstance(history, list) else []
 
 
+HISTORY_LENGTH = 50
+
+
+def record_release(path: str, entry: dict) -> None:
+    """Append a release that passed the gate to the history (an older entry of the same release moves to the
+    end), through a rename: a run killed half-way leaves the history as it was."""
+    history = [r for r in read_history(path) if r.get("release") != entry["release"]]
+    with open(f"{path}.tmp", "w") as f:
+        f.write(json.dumps(history[-(HISTORY_LENGTH - 1):] + [entry], sort_keys=True) + "\n")
+    os.replace(f"{path}.tmp", path)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Plan (``--plan``: print what would go, change nothing) or prune, as one JSON line. Images are looked at
     once per release that passed (``<history>.pruned`` records the last one pruned for): a no-op converge
-    runs no podman command."""
+    runs no podman command. ``record HISTORY ENTRY``: append a release that passed (record_release)."""
     import argparse
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["record"] and len(argv) == 3:
+        record_release(argv[1], json.loads(argv[2]))
+        return 0
     ap = argparse.ArgumentParser(description="Prune model commits and images beyond the kept releases")
     ap.add_argument("model_dir")
     ap.add_argument("--layout", choices=("hf_cache", "plain"), required=True)

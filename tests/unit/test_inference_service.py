@@ -286,6 +286,7 @@ def test_the_last_good_release_is_kept_whole_and_put_back_by_the_shell_commands(
     for name, path in paths.items():
         monkeypatch.setattr(svc, name, str(path))
     monkeypatch.setattr(svc, "VERIFIER", helper_path("model_snapshot/verify_snapshot.py"))
+    monkeypatch.setattr(svc, "PRUNER", helper_path("model_snapshot/snapshot_releases.py"))
     env_path = root / "svc.env"
     monkeypatch.setattr(svc, "service_env_path", lambda cfg: str(env_path))
     monkeypatch.setattr(svc, "follow_up_stamp", lambda name: str(root / "follow-ups" / name))
