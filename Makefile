@@ -21,7 +21,7 @@ sandbox-deps:
 
 # The whole suite: unit tier, then the node tier on sandbox nodes (booted and torn down by the tests).
 test: venv sandbox-deps
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=30
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit
