@@ -34,7 +34,7 @@ from deploys.ops import (
 )
 from deploys.schema import ContainerRuntimeKeys, NodeConfig
 from facts.apt import AptHolds, KeyringFingerprints
-from facts.containers import CdiSpec, PodmanImageDigest, PodmanVersion
+from facts.containers import CdiSpec, PodmanImageDigests, PodmanVersion
 from facts.host import ManagedFiles
 from facts.nvidia import NvidiaKernelModule
 
@@ -155,14 +155,15 @@ def cdi_spec_current(path: str, gpu_indices: list[int], module_root: str, no_add
 
 @operation()
 def image_present(image: str, digest: str | None, authfile: str | None = None):
-    """Pull the service image by digest unless that digest is present; a different digest is an error.
+    """Pull the service image by digest unless an image answering to that digest is present (its own manifest
+    digest, or an index digest among its repo digests); a pull that brings another digest is an error.
 
     + image: reference without digest
     + digest: the pinned manifest digest (None: a moving tag, allowed by allow_unpinned_image)
     + authfile: registry credentials on the node
     """
     ref = f"{image}@{digest}" if digest else image
-    present = host.get_fact(PodmanImageDigest, ref=ref)
+    present = host.get_fact(PodmanImageDigests, ref=ref)
     if digest and present == digest:
         host.noop(f"{ref} present")
         return
@@ -180,9 +181,9 @@ def image_present(image: str, digest: str | None, authfile: str | None = None):
 
 def _check_digest_after_pull(state, host, ref: str, digest: str):
     """The pulled reference must carry the pinned digest (read afresh: a command ran on this host)."""
-    pulled = host.get_fact(PodmanImageDigest, ref=ref)
-    if pulled != digest:
-        host.log_styled(f"pulled {ref} but its digest is {pulled or 'not shown by podman'}, want {digest}",
+    pulled = host.get_fact(PodmanImageDigests, ref=ref)
+    if digest not in pulled:
+        host.log_styled(f"pulled {ref} but it answers to {', '.join(pulled) or 'no digest podman shows'}, want {digest}",
                         fg="red", log_func=logger.error)
         return False
     return True
@@ -197,7 +198,7 @@ def container_runtime():
             *service_reads("nvidia-cdi-refresh.path"), *service_reads("nvidia-cdi-refresh.service"),
             (CdiSpec, {"path": cfg.cdi_spec_path}), (NvidiaKernelModule, {"root": cfg.nvidia_module_root}),
             (ManagedFiles, {"paths": (AUTH_FILE,)}), (File, {"path": AUTH_FILE}),
-            (PodmanImageDigest, {"ref": cfg.image_ref})])
+            (PodmanImageDigests, {"ref": cfg.image_ref})])
     # catatonit: the init a unit with RunInit=true (deployment A) needs; a Recommends that minimal installs skip
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
     apt.packages(name="Install Podman from the distribution", packages=["podman", "catatonit"])

@@ -89,23 +89,29 @@ class CdiSpec(FactBase[dict]):
             raise FactProcessError(f"CdiSpec: {e}") from e
 
 
-class PodmanImageDigest(FactBase[str]):
-    """The digest of a local image reference (`name@sha256:…` or `name:tag`), or None when absent."""
+class PodmanImageDigests(FactBase[list]):
+    """Every digest a local image reference (`name@sha256:…` or `name:tag`) answers to: the image's own manifest
+    digest first, then those of its repo digests (a multi-arch image pulled by its index digest keeps the
+    per-platform manifest's digest as ``.Digest`` and the index digest only among ``.RepoDigests``,
+    containers/podman#24858). Empty when absent."""
 
-    @staticmethod
-    def default():
-        return None
+    default = list
 
     def requires_command(self, ref: str) -> str:
         return "podman"
 
     def command(self, ref: str) -> str:
         q = shlex.quote(ref)
-        return f"podman image inspect --format '{{{{.Digest}}}}' {q} 2>/dev/null || true"
+        return (f"podman image inspect --format '{{{{.Digest}}}}{{{{range .RepoDigests}}}} {{{{.}}}}{{{{end}}}}' {q} "
+                "2>/dev/null || true")
 
-    def process(self, output: list[str]) -> str | None:
-        digest = "".join(output).strip()
-        return digest or None
+    def process(self, output: list[str]) -> list[str]:
+        digests: list[str] = []
+        for word in " ".join(output).split():
+            digest = word.rsplit("@", 1)[-1]
+            if digest.startswith("sha256:") and digest not in digests:
+                digests.append(digest)
+        return digests
 
 
 class ServiceStartDict(TypedDict):

@@ -15,7 +15,8 @@ class ImageKeys(ComponentKeys):
         description="image reference without digest, e.g. `registry.home.arpa/vllm:deepseek-v4`",
         pattern=r"^[a-z0-9][a-z0-9._/:@-]*$",
     )
-    image_digest: str | None = _key(None, description="manifest digest the image is pinned to (`sha256:<64 hex>`)")
+    image_digest: str | None = _key(None, description="digest the image is pinned to (`sha256:<64 hex>`): the registry's digest of the tag (a "
+                                 "multi-arch image's index digest) or the platform manifest's")
     image_upstream: str | None = _key(
         None, description="where a mirrored image came from (documentation only; never pulled)"
     )

@@ -25,3 +25,15 @@ def test_record_and_stamp_as_the_unit_writes_them(tmp_path):
     assert _read(record, stamp)["verified"] != now
     record.write_text("unitfingerprint\n")  # a start killed while writing its record: not a complete record
     assert _read(record, stamp)["unit"] is None
+
+
+def test_an_image_answers_to_its_own_digest_and_its_index_digest():
+    """`podman image inspect` of an image pulled by its multi-arch index digest: `.Digest` is the per-platform
+    manifest's, the index digest is only among `.RepoDigests` (containers/podman#24858)."""
+    from facts.containers import PodmanImageDigests
+
+    own, index = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    out = [f"{own} registry.example/vllm@{index} registry.example/vllm@{own}"]
+    assert PodmanImageDigests().process(out) == [own, index]
+    assert PodmanImageDigests().process([]) == []  # absent
+    assert "{{range .RepoDigests}}" in PodmanImageDigests().command(ref="r@" + index)
