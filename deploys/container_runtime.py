@@ -164,7 +164,7 @@ def image_present(image: str, digest: str | None, authfile: str | None = None):
     """
     ref = f"{image}@{digest}" if digest else image
     present = host.get_fact(PodmanImageDigests, ref=ref)
-    if digest and present == digest:
+    if digest and digest in present:
         host.noop(f"{ref} present")
         return
     if not digest and present:
