@@ -75,6 +75,8 @@ def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: d
     if fabric:
         out.append(fabric)
     gpus = (smi or {}).get("gpus") or []
+    if (smi or {}).get("hung"):
+        out.append(smi["error"])
     if gpus:  # only checkable once a driver answers; the driver component installs one otherwise
         present = {g["index"] for g in gpus}
         missing = [i for i in cfg.gpu_indices if i not in present]

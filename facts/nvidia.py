@@ -200,6 +200,9 @@ class NvidiaKernelModule(FactBase[dict]):
 _SMI_FIELDS = ("index", "name", "uuid", "memory.total", "compute_cap", "pci.bus_id", "driver_version")
 
 
+SMI_TIMEOUT_S = 30  # nvidia-smi on a wedged GPU hangs for minutes, and every host's preflight waits behind it
+
+
 class NvidiaSmiGpus(FactBase[dict]):
     """GPUs as nvidia-smi lists them, or the error it printed (e.g. a driver/library mismatch).
 
@@ -220,7 +223,7 @@ class NvidiaSmiGpus(FactBase[dict]):
     def command(self) -> str:
         query = ",".join(_SMI_FIELDS)
         return (
-            f"out=$(nvidia-smi --query-gpu={query} --format=csv,noheader,nounits 2>&1); rc=$?; "
+            f"out=$(timeout -k 5 {SMI_TIMEOUT_S} nvidia-smi --query-gpu={query} --format=csv,noheader,nounits 2>&1); rc=$?; "
             f"echo \"$out\"; echo '{_MARK}rc='$rc"
         )
 
@@ -230,6 +233,9 @@ class NvidiaSmiGpus(FactBase[dict]):
             raise FactProcessError(f"NvidiaSmiGpus: no exit status in {output!r}")
         rc = int(rc_lines[-1].split("=", 1)[1])
         lines = [line for line in output if line.strip() and not line.startswith(_MARK)]
+        if rc in (124, 137):  # timeout's own statuses: it had to stop nvidia-smi
+            return {"gpus": [], "error": f"nvidia-smi did not answer within {SMI_TIMEOUT_S} s (a wedged GPU or driver: "
+                                         "see `dmesg` for Xid errors)", "hung": True}
         if rc != 0:
             return {"gpus": [], "error": " ".join(lines) or f"nvidia-smi exited {rc}"}
         gpus = []

@@ -130,3 +130,28 @@ def test_upstream_version_and_keyring_parser():
     colons = ["pub:-:4096:1:A4B469963BF863CC:1650000000:::-:::scSC::::::23::0:", f"fpr:::::::::{fpr}:",
               "uid:-::::1650000000::0::cudatools <cudatools@nvidia.com>::::::::::0:", ""]
     assert KeyringFingerprints().process(colons) == [fpr]
+
+
+def test_a_hung_nvidia_smi_is_stopped_and_refused_by_preflight(tmp_path):
+    """A wedged GPU makes nvidia-smi hang for minutes: the fact's own command stops it (here a stand-in that
+    sleeps, with the bound shortened) and preflight refuses the host, saying so."""
+    import os
+    import subprocess
+
+    import facts.nvidia as nv
+
+    (tmp_path / "nvidia-smi").write_text("#!/bin/sh\nsleep 60\n")
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    command = NvidiaSmiGpus().command().replace(f"timeout -k 5 {nv.SMI_TIMEOUT_S} ", "timeout -k 1 1 ")
+    assert command != NvidiaSmiGpus().command()
+    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    smi = NvidiaSmiGpus().process(proc.stdout.splitlines())
+    assert smi["gpus"] == [] and smi["hung"] and "did not answer within 30 s" in smi["error"]
+    cfg = NodeConfig.model_validate({
+        "cluster_name": "x", "node_arch": "x86_64", "gpu_indices": [0], "tensor_parallel_size": 1,
+        "model_repo": "a/b", "model_revision": "0" * 40, "model_root": "/m", "image": "registry.example/i",
+        "allow_unpinned_image": True,
+    })
+    res = {"arch": "x86_64", "disk_free_bytes": 10**12, "model_present_bytes": 0, "disk_path": "/"}
+    assert problems_for(cfg, res, 2**40, smi) == [smi["error"]]
