@@ -35,7 +35,7 @@ from deploys.fact_cache import expect
 from deploys.inventory import cluster_member_names, node_cluster, node_config
 from deploys.model_snapshot import GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER
 from deploys.ops import (atomic_put, cluster_all_here, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
-                         follow_up_stamp, host_failed, secret_file)
+                         follow_up_stamp, host_failed, secret_file, uses_sudo)
 from deploys.serving_gate import (failed_checks, gate_checks, gate_command, journal_told, parse_readiness, readiness_command,
                                   wait_serving)
 from deploys.unit_text import command_line, env_file_line
@@ -478,7 +478,7 @@ class _Member:
 
     def __init__(self, host):
         self.host, self.cfg = host, node_config(host)
-        self.sudo = {"_sudo": True} if host.data.get("_sudo") else {}
+        self.sudo = {"_sudo": True} if uses_sudo(host) else {}
 
     def run(self, command: str) -> str:
         return self.host.run_shell_command(StringCommand(command), **self.sudo)[1].stdout

@@ -13,7 +13,7 @@ import gevent.lock
 from pyinfra import logger
 
 from deploys.inventory import node_config, ssh_options
-from deploys.ops import ControlNodeError, host_failed
+from deploys.ops import ControlNodeError, host_failed, uses_sudo
 from deploys.run_state import kept
 from deploys.schema import NodeConfig
 from files.model_snapshot.peer_pull import balanced, parallel_rsync  # the same streams on both sides
@@ -78,7 +78,7 @@ def push_from_control(state, host, refetch: list[str]) -> bool:
     data = host.data.dict()
     ssh = "ssh " + " ".join(f"-o {o}" for o in ssh_options(data))
     target = f"{data.get('ssh_hostname') or host.name}:{dest}/"
-    extra = ["--rsync-path", "sudo rsync"] if data.get("_sudo") else []
+    extra = ["--rsync-path", "sudo rsync"] if uses_sudo(host) else []
     groups = balanced(paths, sizes, cfg.model_rsync_streams)
     with tempfile.TemporaryDirectory() as tmp:
         failed = parallel_rsync([*flags, "-e", ssh, *extra], f"{src}/", target, groups, tmp)

@@ -29,6 +29,14 @@ def host_failed(host, message: str) -> bool:
     return False
 
 
+def uses_sudo(host) -> bool:
+    """Whether pyinfra runs this host's commands under sudo, as pyinfra itself decides it: the host's `_sudo`
+    data, else the command line's `--sudo` (its config). The toolkit's own privileged paths (private uploads,
+    rsync's remote side, a member reached from another host's operation) follow the same answer."""
+    value = host.data.get("_sudo")
+    return bool(host.state.config.SUDO if value is None else value)
+
+
 def fail_host(message: str) -> FunctionCommand:
     """A command that fails this host alone, with ``message``: the one way an operation fails a host (yield it;
     ``refuse`` at deploy level). Raising in an operation aborts every host; only preflight stops the whole run,
@@ -207,7 +215,7 @@ def upload_private(src, dest: str):
     made by that user (mkdir fails on anything already there, a planted symlink included), removed after
     the copy (a killed run leaves it behind, still 0700).
     """
-    if not host.data.get("_sudo"):
+    if not uses_sudo(host):
         yield FileUploadCommand(src, dest)
         return
     private = f"/tmp/inference-nodes-upload-{uuid.uuid4().hex}"
