@@ -117,13 +117,23 @@ def container_argv(cfg: NodeConfig, head: NodeConfig | None, nodes: int) -> list
     return list(cfg.vllm_command) + vllm_argv(cfg, head, nodes)
 
 
+def cuda_devices_env(cfg: NodeConfig) -> dict[str, str]:
+    """CUDA's view of `gpu_indices` inside the container. CDI passes only the chosen devices, and CUDA numbers
+    what it sees from 0: `gpu_indices = [2, 3]` is `0,1` inside (host indices there match no device and vLLM
+    crash-loops; NVIDIA/nvidia-docker#907). A `--privileged` container sees every GPU of the host: host indices,
+    in nvidia-smi's order (PCI bus), not CUDA's default fastest-first."""
+    if cfg.container_privileged:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, cfg.gpu_indices)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(cfg.gpu_indices)))}
+
+
 def service_environment(cfg: NodeConfig, head: NodeConfig | None, nodes: int) -> dict[str, str]:
     """The profile's env plus what the toolkit derives. Only variables something reads: GPUs, the offline
     hub, vLLM's compile cache on the JIT volume, this node's fabric address (VLLM_HOST_IP, which vLLM
     reads), a pinned GID index; for `image_env` images, their script's contract (MODEL_PATH, HOST, PORT,
     SERVED_MODEL_NAME, TP_SIZE: the toolkit's reading of seed 000)."""
     env = dict(cfg.service_env)
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.gpu_indices))
+    env.update(cuda_devices_env(cfg))
     env["HF_HUB_OFFLINE"] = "1"
     if cfg.jit_cache_dir:
         env.setdefault("VLLM_CACHE_ROOT", f"{cfg.jit_cache_mount}/vllm")

@@ -1,8 +1,9 @@
 """Model integrity over time: a systemd timer on every node re-hashes the whole snapshot against the pinned
 manifest (bit rot, a bad copy, a careless `dd conv=notrunc`: what the stamp's size/mtime/inode cannot see).
 
-The run is low impact (nice 19, idle IO class, batch CPU policy, optional read-rate cap, files it read
-dropped from the page cache again) and records its verdict and time in RECORD, which the audit reads.
+The run is low impact (nice 19, idle IO class, batch CPU policy, a read-rate cap in the verifier and on the
+device, files it read dropped from the page cache again; a run missed while the node was down is not started at
+boot, when vLLM loads the same files) and records its verdict and time in RECORD, which the audit reads.
 On a mismatch the verifier names the files in the journal and removes the stamp, so the service cannot
 start again from the bad snapshot; with `model_deep_verify_on_mismatch: stop` it also stops the service.
 The next converge repairs the files and restarts the service (its started-from record holds the stamp).
@@ -21,19 +22,12 @@ from deploys.inventory import node_config
 from deploys.model_snapshot import MANIFEST, RECORD, STAMP, VERIFIER
 from deploys.ops import atomic_put
 from deploys.schema import NodeConfig
-from deploys.unit_text import command_line
+from deploys.unit_text import command_line, unit_word
 from facts.host import ManagedFiles, SystemdNeedsReload
 
 UNIT = "inference-nodes-model-verify"
 UNIT_DIR = "/etc/systemd/system"
-PERIOD_DAYS = {"daily": 1, "weekly": 7, "monthly": 31}
 CALENDAR = {"daily": "*-*-*", "weekly": "Sun *-*-*", "monthly": "*-*-01"}
-SLACK_S = 12 * 3600  # a long run, a node rebooting through its window (Persistent= catches up at boot)
-
-
-def max_age_s(cfg: NodeConfig) -> int:
-    """How old the last deep verify may be before the audit fails."""
-    return PERIOD_DAYS[cfg.model_deep_verify_every] * 86400 + cfg.model_deep_verify_window_h * 3600 + SLACK_S
 
 
 def verify_argv(cfg: NodeConfig) -> list[str]:
@@ -58,6 +52,8 @@ def render_service(cfg: NodeConfig) -> str:
         "Nice=19\n"
         "CPUSchedulingPolicy=batch\n"
         "IOSchedulingClass=idle\n"
+        + (f"IOReadBandwidthMax={unit_word(cfg.model_dir)} {cfg.model_deep_verify_max_mbps}M\n"
+           if cfg.model_deep_verify_max_mbps else "")
     )
 
 
@@ -69,7 +65,7 @@ def render_timer(cfg: NodeConfig) -> str:
         "\n[Timer]\n"
         f"OnCalendar={CALENDAR[cfg.model_deep_verify_every]} {cfg.model_deep_verify_at}:00\n"
         f"RandomizedDelaySec={cfg.model_deep_verify_window_h}h\n"
-        "Persistent=true\n"
+        "Persistent=false\n"
         "\n[Install]\n"
         "WantedBy=timers.target\n"
     )

@@ -103,8 +103,9 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
     if result is None:
         # the plan writes and hashes nothing (a plan that re-hashed would also rewrite the stamp of the snapshot that
         # is serving); where the stamp cannot vouch, the hashing verdict is read when the run executes
+        cfg = node_config()
         verdict = dict(verifier=VERIFIER, manifest=MANIFEST, snapshot_dir=snapshot_dir, stamp=STAMP, record=RECORD,
-                       full=node_config().model_verify_full)
+                       full=cfg.model_verify_full, stale_after_s=max_age_s(cfg), max_rate=cfg.model_deep_verify_max_mbps)
         result = host.get_fact(ModelVerification, **verdict, plan=True)
         if result.get("needs_hash") and this_run().is_executing:
             result = host.get_fact(ModelVerification, **verdict)
@@ -160,8 +161,20 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
         yield StringCommand(f"{cfg.model_hub_venv}/bin/python", HUB_DOWNLOAD, QuoteString(cfg.model_repo),
                             cfg.model_revision, cfg.model_layout, QuoteString(cfg.hub_download_dir),
                             QuoteString(cfg.model_hub_endpoint), token)
+    rate = node_config().model_deep_verify_max_mbps
     yield StringCommand("python3", VERIFIER, MANIFEST, QuoteString(snapshot_dir), "--stamp", STAMP, "--full",
-                        "--record", RECORD)
+                        "--record", RECORD, *(["--max-rate", str(rate)] if rate else []))
+
+
+PERIOD_DAYS = {"daily": 1, "weekly": 7, "monthly": 31}
+# a long run; a node down through its window is not caught up at boot (Persistent=false: vLLM loads the same bytes
+# then), but by the next converge, which re-hashes in full once the record is older than this
+SLACK_S = 12 * 3600
+
+
+def max_age_s(cfg: NodeConfig) -> int:
+    """How old the last full re-hash may be: beyond it the audit fails, and a converge re-hashes in full."""
+    return PERIOD_DAYS[cfg.model_deep_verify_every] * 86400 + cfg.model_deep_verify_window_h * 3600 + SLACK_S
 
 
 def resources_args(cfg: NodeConfig) -> dict:

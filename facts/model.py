@@ -21,10 +21,15 @@ class ModelVerification(FactBase[dict]):
     default = dict
 
     def command(self, verifier: str, manifest: str, snapshot_dir: str, stamp: str, record: str,
-                full: bool = False, plan: bool = False) -> str:
+                full: bool = False, plan: bool = False, stale_after_s: int = 0, max_rate: int | None = None) -> str:
+        """``stale_after_s``: a record older than this asks for a full re-hash too (the deep verify's timer missed
+        its window: it does not catch up at boot). ``max_rate``: the read-rate cap of a full re-hash, MB/s."""
         v, m, d, s, r = (shlex.quote(x) for x in (verifier, manifest, snapshot_dir, stamp, record))
-        # a full re-hash when asked, and on a node that has no record of one (new, or upgraded to the timer)
-        flags = (" --full" if full else f" $([ -f {r} ] || echo --full)") + (" --plan" if plan else "")
+        # a full re-hash when asked, on a node that has no record of one (new, or upgraded to the timer), and on
+        # one whose record is stale
+        fresh = f"-n \"$(find {r} -mmin -{max(1, stale_after_s // 60)} 2>/dev/null)\"" if stale_after_s else f"-f {r}"
+        flags = (" --full" if full else f" $([ {fresh} ] || echo --full)") + (" --plan" if plan else "")
+        flags += f" --max-rate {int(max_rate)}" if max_rate else ""
         return (
             f"if [ -f {v} ] && [ -f {m} ]; then python3 {v} {m} {d} --stamp {s} --record {r} --json --quiet{flags}; "
             f"[ $? -le 1 ]; else echo '{{\"ok\": false, \"not_installed\": true}}'; fi"

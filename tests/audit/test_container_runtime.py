@@ -41,10 +41,15 @@ def test_spec_matches_the_loaded_driver(node):
 
 
 def test_service_image_present_by_digest(node):
-    ref = node.cfg.image_ref
-    digest = node.host.check_output(f"podman image inspect --format '{{{{.Digest}}}}' {ref}")
+    """Present and answering to the pinned digest: its own manifest digest, or a multi-arch index digest among
+    its repo digests (the fact the deploy reads)."""
+    from facts.containers import PodmanImageDigests
+
+    fact = PodmanImageDigests()
+    digests = fact.process(node.host.check_output(fact.command(ref=node.cfg.image_ref)).splitlines())
+    assert digests, f"{node.cfg.image_ref} is not on the node"
     if node.cfg.image_digest:
-        assert digest == node.cfg.image_digest
+        assert node.cfg.image_digest in digests
 
 
 def test_podman_resolves_every_cdi_device_of_the_service(node):

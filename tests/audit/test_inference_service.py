@@ -136,14 +136,16 @@ def test_fabric_nodes_use_a_valid_roce_v2_gid(node):
     assert ipaddress.IPv6Address(gid).ipv4_mapped == ipaddress.ip_address(node.cfg.fabric_address)
 
 
-CONTAINER_VIEW = ("import json, os, resource; s = os.statvfs('/dev/shm'); "
+CONTAINER_VIEW = ("import glob, json, os, re, resource; s = os.statvfs('/dev/shm'); "
                   "print(json.dumps({'memlock': resource.getrlimit(resource.RLIMIT_MEMLOCK), "
-                  "'shm': s.f_blocks * s.f_frsize, 'devices': {d: os.path.exists(d) for d in os.sys.argv[1:]}}))")
+                  "'shm': s.f_blocks * s.f_frsize, 'devices': {d: os.path.exists(d) for d in os.sys.argv[1:]}, "
+                  "'gpus': sorted(int(p[11:]) for p in glob.glob('/dev/nvidia[0-9]*') if re.fullmatch(r'/dev/nvidia[0-9]+', p)), "
+                  "'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), 'order': os.environ.get('CUDA_DEVICE_ORDER')}))")
 
 
 def test_container_has_the_devices_memlock_and_shm_it_needs(node):
-    """Inside the running container, as the serving process sees it: the RDMA devices the profile passes,
-    the locked-memory limit, and a /dev/shm of the size that was checked (the host's with --ipc=host,
+    """Inside the running container, as the serving process sees it: the RDMA devices the profile passes, the GPUs
+    and CUDA's numbering of them, the locked-memory limit, and a /dev/shm of the size that was checked (the host's with --ipc=host,
     ShmSize= otherwise; never Podman's 64 MiB default by accident)."""
     name = node.cfg.container_name
     view = node.host.run(f"podman exec {name} {node.cfg.vllm_python} -c \"{CONTAINER_VIEW}\" "
@@ -163,6 +165,15 @@ def test_container_has_the_devices_memlock_and_shm_it_needs(node):
         assert ipc != "host"
         assert seen["shm"] == node.cfg.container_shm_bytes
     assert seen["shm"] >= node.cfg.shm_required_bytes
+    # the GPUs: CDI passes only the inventory's devices and CUDA numbers them from 0 (host indices there match no
+    # device: vLLM crash-loops); a privileged container sees every GPU, and then the host's indices in PCI order
+    cuda = [int(i) for i in (seen["cuda"] or "").split(",") if i.strip()]
+    if node.cfg.container_privileged:
+        assert set(node.cfg.gpu_indices) <= set(seen["gpus"]), seen
+        assert cuda == node.cfg.gpu_indices and seen["order"] == "PCI_BUS_ID", seen
+    else:
+        assert seen["gpus"] == sorted(node.cfg.gpu_indices), f"the container sees GPUs {seen['gpus']}"
+        assert cuda == list(range(len(seen["gpus"]))), f"CUDA_VISIBLE_DEVICES={seen['cuda']} inside, {len(seen['gpus'])} GPUs"
 
 
 def test_nccl_the_service_loads_is_not_known_bad(node, pytestconfig):

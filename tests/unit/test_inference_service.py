@@ -468,3 +468,18 @@ def test_a_cluster_changes_only_with_every_member_here():
     said.clear()
     assert cluster_all_here(state, hosts["b0"], "pair", ["b0", "b1"], " (model commit a -> b)") is False
     assert said[0].startswith("b0: the launch of cluster pair changes (model commit a -> b), but b1 failed earlier")
+
+
+def test_cuda_sees_the_cdi_devices_numbered_from_zero():
+    """`gpu_indices = [2, 3]` (half of a host split between two services): CDI passes those two devices and CUDA
+    numbers them 0 and 1 inside; a `--privileged` container sees every GPU, so host indices in nvidia-smi's order."""
+    from deploys.inference_service import render_container, service_environment
+
+    a = LAB["rtx-pro-a.lab.example"]
+    half = a.model_copy(update={"gpu_indices": [2, 3], "container_privileged": False})
+    env = service_environment(half, None, 1)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and "CUDA_DEVICE_ORDER" not in env
+    assert [line for line in render_container(half, None, 1).splitlines() if line.startswith("AddDevice=nvidia")] == \
+        ["AddDevice=nvidia.com/gpu=2", "AddDevice=nvidia.com/gpu=3"]
+    privileged = service_environment(half.model_copy(update={"container_privileged": True}), None, 1)
+    assert privileged["CUDA_VISIBLE_DEVICES"] == "2,3" and privileged["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

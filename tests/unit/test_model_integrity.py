@@ -4,7 +4,8 @@ old the audit lets its last verdict be."""
 import pytest
 from pydantic import ValidationError
 
-from deploys.model_integrity import max_age_s, render_service, render_timer, verify_argv
+from deploys.model_integrity import render_service, render_timer, verify_argv
+from deploys.model_snapshot import max_age_s
 from deploys.inference_service import unit_sections
 from deploys.schema import NodeConfig
 from tests.unit.profiles import profile
@@ -17,12 +18,17 @@ def cfg(**changes) -> NodeConfig:
 def test_default_is_weekly_in_a_night_window_and_stops_the_service_on_a_mismatch():
     c = cfg()
     timer = dict(unit_sections(render_timer(c))["Timer"])
-    assert timer == {"OnCalendar": "Sun *-*-* 03:00:00", "RandomizedDelaySec": "4h", "Persistent": "true"}
+    # a run missed while the node was down is not started at boot, when vLLM loads the same bytes
+    assert timer == {"OnCalendar": "Sun *-*-* 03:00:00", "RandomizedDelaySec": "4h", "Persistent": "false"}
     service = dict(unit_sections(render_service(c))["Service"])
     assert service["Nice"] == "19" and service["IOSchedulingClass"] == "idle" and service["Type"] == "oneshot"
+    # the idle class does nothing under NVMe's `none` scheduler: the device's reads are capped too
+    assert service["IOReadBandwidthMax"] == f"{c.model_dir} 500M"
     argv = verify_argv(c)
     assert argv[argv.index("--stop-service") + 1] == f"{c.container_name}.service"
-    assert {"--full", "--drop-cold", "--record"} <= set(argv) and "--max-rate" not in argv
+    assert {"--full", "--drop-cold", "--record"} <= set(argv) and argv[argv.index("--max-rate") + 1] == "500"
+    uncapped = cfg(model_deep_verify_max_mbps=None)
+    assert "--max-rate" not in verify_argv(uncapped) and "IOReadBandwidth" not in render_service(uncapped)
     assert max_age_s(c) == 7 * 86400 + 4 * 3600 + 12 * 3600
 
 
@@ -57,3 +63,34 @@ def test_needs_reload_fact_from_systemctl_show_output():
     assert fact.process(["no", "", "yes"]) is True  # one value per unit, a blank line between
     assert fact.process(["no", "", "no"]) is False
     assert fact.process([]) is False
+
+
+def test_a_stale_record_asks_the_converge_for_a_full_re_hash_under_the_same_cap(tmp_path):
+    """The fact's own command on real files, with a verifier that prints the flags it was given: no record, or
+    one older than the audit allows (the timer missed its window and does not catch up at boot), is a full
+    re-hash; a fresh one is the stamp's fast path; either way under the read-rate cap."""
+    import json
+    import os
+    import subprocess
+    import time
+
+    from facts.model import ModelVerification
+
+    verifier, manifest, record = tmp_path / "v.py", tmp_path / "m.json", tmp_path / "record.json"
+    verifier.write_text("import json, sys\nprint(json.dumps({'ok': True, 'argv': sys.argv[1:]}))\n")
+    manifest.write_text("{}")
+    c = cfg()
+
+    def flags() -> list[str]:
+        command = ModelVerification().command(verifier=str(verifier), manifest=str(manifest), snapshot_dir="/s",
+                                              stamp="/st", record=str(record), stale_after_s=max_age_s(c),
+                                              max_rate=c.model_deep_verify_max_mbps)
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+        return json.loads(out.splitlines()[-1])["argv"]
+
+    assert "--full" in flags() and flags()[flags().index("--max-rate") + 1] == "500"  # no record
+    record.write_text("{}")
+    assert "--full" not in flags()
+    old = time.time() - max_age_s(c) - 600
+    os.utime(record, (old, old))
+    assert "--full" in flags()
