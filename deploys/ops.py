@@ -39,8 +39,7 @@ def uses_sudo(host) -> bool:
 
 def fail_host(message: str) -> FunctionCommand:
     """A command that fails this host alone, with ``message``: the one way an operation fails a host (yield it;
-    ``refuse`` at deploy level). Raising in an operation aborts every host; only preflight stops the whole run,
-    on purpose (PreflightError)."""
+    ``refuse`` at deploy level). Raising in an operation aborts every host."""
     return FunctionCommand(_fail_host, (message,), {})
 
 

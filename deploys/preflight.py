@@ -1,4 +1,5 @@
-"""Preflight: read-only facts per host, one table per run, and a stop before anything changes.
+"""Preflight: read-only facts per host, one table per run, and a stop for every cluster with an unfit member
+before anything changes on it (the other clusters go on: one sick node does not stop the lab).
 
 Refuses what the profile cannot run on: a wrong CPU architecture, too little free disk for the part of
 the model still missing, a /dev/shm too small for the KV offload, a GPU index the inventory names that
@@ -13,13 +14,13 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from pyinfra import host, logger
-from pyinfra.api import deploy
-from pyinfra.api.exceptions import DeployError
+from pyinfra.api import deploy, operation
 from pyinfra.facts.server import OsRelease
 
 from deploys.fact_cache import expect
 from deploys.host_tuning import host_shm_problem
-from deploys.inventory import node_config
+from deploys.inventory import cluster_member_names, node_config
+from deploys.ops import fail_host
 from deploys.model_snapshot import resources_args
 from deploys.nvidia_driver import packages_differ_message
 from deploys.run_state import kept
@@ -31,10 +32,6 @@ from facts.nvidia import KernelPackages, NvidiaDriverPackages, NvidiaKernelModul
 ARCH_ALIASES = {"arm64": "aarch64", "amd64": "x86_64"}
 COLUMNS = ("host", "cluster/rank", "OS", "arch", "kernel", "CPUs", "RAM", "free disk (model path)",
            "/dev/shm", "GPUs", "driver", "Podman", "RDMA")
-
-
-class PreflightError(DeployError):
-    """A host cannot run its profile; nothing was changed on any host."""
 
 
 @dataclass
@@ -153,7 +150,7 @@ def format_table(rows: list[list[str]]) -> str:
 
 @deploy("Preflight")
 def preflight():
-    """Facts only. The last host to report prints the table and raises if any host cannot run."""
+    """Facts only. The last host to report prints the table; a host that cannot run fails its cluster."""
     cfg = node_config()
     module = {"root": cfg.nvidia_module_root}
     resources = resources_args(cfg)
@@ -177,6 +174,8 @@ def preflight():
     run = kept(host.state, "preflight", _Run)
     run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes, smi, state, podman)
     run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, addresses, devices) + driver_problems(cfg, state)
+    cluster_fits(name="Preflight: every member of this cluster can run it", cluster=cfg.cluster_name,
+                 members=cluster_member_names())
     active = [h.name for h in host.state.inventory.get_active_hosts()]
     if not set(active) <= set(run.rows):
         return
@@ -184,4 +183,22 @@ def preflight():
     bad = {n: p for n, p in sorted(run.problems.items()) if p and n in active}
     if bad:
         lines = "\n".join(f"  - host {n}: {msg}" for n, msgs in bad.items() for msg in msgs)
-        raise PreflightError(f"preflight failed; nothing was changed on any host:\n{lines}")
+        logger.error(f"preflight failed; nothing will change on these hosts' clusters (the others go on):\n{lines}")
+
+
+@operation()
+def cluster_fits(cluster: str, members: list[str]):
+    """A cluster runs only when every member in this run passed preflight: an unfit member fails its whole
+    cluster here, the first step, before anything changes on any member; the other clusters go on. (Decided
+    when the run executes: every host's preflight has reported by then.)
+
+    + cluster: the cluster's name
+    + members: the host names of every member
+    """
+    run = kept(host.state, "preflight", _Run)
+    bad = {m: run.problems[m] for m in members if run.problems.get(m)}
+    if not bad:
+        host.noop(f"every member of cluster {cluster} in this run can run it")
+        return
+    lines = "\n".join(f"  - host {n}: {msg}" for n, msgs in bad.items() for msg in msgs)
+    yield fail_host(f"{host.name}: preflight failed for cluster {cluster}; nothing was changed on its members:\n{lines}")

@@ -39,6 +39,8 @@ def test_preflight_refuses_a_host_that_cannot_run_the_profile(sandbox):
     assert "Preflight:" in proc.stderr and "Podman" in proc.stderr  # the table was printed
     for name in sandbox:
         assert f"host {name}: too little disk for the model at " in proc.stderr
+    for name, cluster in (("sandbox-a", "rtx-pro-6000-pair"), ("sandbox-b0", "gb10-dspark"), ("sandbox-b1", "gb10-dspark")):
+        assert f"{name}: preflight failed for cluster {cluster}; nothing was changed on its members:" in proc.stderr
     _untouched(sandbox)
 
 
@@ -129,6 +131,26 @@ def test_second_converge_reports_zero_changes_in_a_few_commands_per_node(sandbox
     for name, count in per_host.items():
         ran = "\n".join(f"  {c[:160]}" for _, c in commands[name])
         assert count["commands"] <= NOOP_COMMANDS_PER_NODE, f"{name} ran {count['commands']} commands:\n{ran}"
+
+
+def test_one_unfit_node_fails_its_cluster_and_the_other_clusters_converge(sandbox, tmp_path):
+    """sandbox-a unfit (its model cannot fit its disk): its cluster fails at the run's first step, before anything
+    changes on it, naming the host and why; the pair's cluster converges (to zero changes: it is converged)."""
+    from tests.node.conftest import inventory_copy
+
+    unfit = inventory_copy(tmp_path, ('_node("sandbox-a", 2201, ', '_node("sandbox-a", 2201, model_size_gb=90000, '))
+    proc = pyinfra("--json", unfit, "deploys/all.py", check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert ("sandbox-a: preflight failed for cluster rtx-pro-6000-pair; nothing was changed on its members:\n"
+            "  - host sandbox-a: too little disk for the model at ") in proc.stderr, proc.stderr[-3000:]
+    results = json.loads(proc.stdout)["results"]
+    assert results["failed_hosts"] == ["sandbox-a"], results["failed_hosts"]
+    changed = [op["name"] for op in results["operations"] if op["success"]]
+    assert changed == [], changed
+    last = results["operations"][-1]  # the pair ran every step, to the last one; sandbox-a failed at the first
+    assert last["no_change"] == ["sandbox-b0", "sandbox-b1"] and not last["error"], last
+    first = next(op for op in results["operations"] if op["name"].endswith("every member of this cluster can run it"))
+    assert first["error"] == ["sandbox-a"] and first["no_change"] == ["sandbox-b0", "sandbox-b1"], first
 
 
 def test_audit_after_reboot(sandbox):
