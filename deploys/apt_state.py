@@ -27,8 +27,11 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Date
 
+from deploys.apt_sources import foreign_sources_disabled, sources_args
 from deploys.fact_cache import FactRead, expect
+from deploys.inventory import node_config
 from deploys.ops import atomic_put
+from facts.apt import AptSourcesNaming
 from facts.dpkg import DpkgAudit
 from facts.host import ManagedFiles
 
@@ -129,8 +132,11 @@ def dpkg_repaired():
 
 @deploy("Package manager")
 def package_manager_ready():
-    """First changes of a run: the lock wait for every later apt command, then a consistent dpkg."""
-    expect([(ManagedFiles, {"paths": (LOCK_DROPIN,)}), (DpkgAudit, {})])
+    """First changes of a run: apt sources that would break apt beside the toolkit's own (deploys/apt_sources.py),
+    the lock wait for every later apt command, then a consistent dpkg."""
+    sources = sources_args(node_config())
+    expect([(ManagedFiles, {"paths": (LOCK_DROPIN,)}), (DpkgAudit, {}), (AptSourcesNaming, sources)])
+    foreign_sources_disabled(name="Disable other apt sources for the NVIDIA repos (renamed .disabled)", **sources)
     atomic_put(name="Wait for a held dpkg lock instead of failing (apt.conf.d)", src=StringIO(render_lock_dropin(lock_timeout())),
                dest=LOCK_DROPIN, user="root", group="root", mode="0644", create_remote_dir=False)
     dpkg_repaired(name="Finish an interrupted dpkg run (dpkg --configure -a)")

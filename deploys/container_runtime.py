@@ -18,6 +18,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, systemd
 
+from deploys.apt_sources import DEB_ARCH, TOOLKIT_SOURCE, toolkit_repo_uri
 from deploys.apt_state import APT_READS, apt_lists_updated, lock_waiting
 from deploys.fact_cache import expect, service_reads
 from deploys.inventory import node_config
@@ -38,11 +39,9 @@ from facts.containers import CdiSpec, PodmanImageDigests, PodmanVersion
 from facts.host import ManagedFiles
 from facts.nvidia import NvidiaKernelModule
 
-DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}  # node_arch -> Debian's name
 
 
 HEADER = "# Managed by inference-nodes (deploys/container_runtime.py); local edits are overwritten.\n"
-TOOLKIT_SOURCE = "/etc/apt/sources.list.d/inference-nodes-nvidia-container-toolkit.sources"
 TOOLKIT_KEYRING = "/etc/apt/keyrings/inference-nodes-nvidia-container-toolkit.gpg"
 REFRESH_ENV = "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env"
 STALE_SPEC = "/etc/cdi/nvidia.yaml"
@@ -53,7 +52,7 @@ REFRESH_STAMP = "container-runtime-cdi-refresh"
 
 
 def render_toolkit_source(cfg: ContainerRuntimeKeys, deb_arch: str) -> str:
-    return flat_repo_source(HEADER, f"{cfg.nvidia_toolkit_repo_url.rstrip('/')}/{deb_arch}", TOOLKIT_KEYRING)
+    return flat_repo_source(HEADER, toolkit_repo_uri(cfg.nvidia_toolkit_repo_url, deb_arch), TOOLKIT_KEYRING)
 
 
 def render_refresh_env(cfg: ContainerRuntimeKeys) -> str:

@@ -17,6 +17,7 @@ from pyinfra.facts.files import File
 from pyinfra.facts.server import OsRelease
 from pyinfra.operations import apt, files, server
 
+from deploys.apt_sources import CUDA_SOURCE, cuda_repo_path, cuda_repo_uri
 from deploys.apt_state import APT_READS, apt_lists_updated, lock_waiting
 from deploys.fact_cache import expect
 from deploys.inventory import node_config
@@ -46,7 +47,7 @@ from facts.nvidia import (
 
 PIN_FILE = "/etc/apt/preferences.d/90-inference-nodes-nvidia-driver"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51inference-nodes-nvidia-driver"
-SOURCE_FILE = "/etc/apt/sources.list.d/inference-nodes-nvidia-cuda.sources"
+SOURCE_FILE = CUDA_SOURCE
 KEYRING = "/etc/apt/keyrings/inference-nodes-nvidia-cuda.gpg"
 NOUVEAU_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
 HEADER = "# Managed by inference-nodes (deploys/nvidia_driver.py); local edits are overwritten.\n"
@@ -87,14 +88,8 @@ def render_unattended_blacklist(cfg: NvidiaDriverKeys) -> str:
     return f"{HEADER}Unattended-Upgrade::Package-Blacklist {{\n{body}}};\n"
 
 
-def cuda_repo_path(os_release: dict, arch: str) -> str:
-    """'ubuntu2404/x86_64' or 'ubuntu2404/sbsa' (NVIDIA's name for arm64 servers, GB10 included)."""
-    distro = f"{os_release.get('id', '')}{os_release.get('version_id', '').replace('.', '')}"
-    return f"{distro}/{'sbsa' if arch in ('aarch64', 'arm64') else arch}"
-
-
 def render_cuda_source(cfg: NvidiaDriverKeys, repo_path: str) -> str:
-    return flat_repo_source(HEADER, f"{cfg.nvidia_repo_url.rstrip('/')}/{repo_path}", KEYRING)
+    return flat_repo_source(HEADER, cuda_repo_uri(cfg.nvidia_repo_url, repo_path), KEYRING)
 
 
 def other_branch_packages(packages: dict, branch: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy, operation
 from pyinfra.facts.server import OsRelease
 
+from deploys.apt_sources import sources_args
 from deploys.fact_cache import expect
 from deploys.host_tuning import host_shm_problem
 from deploys.inventory import cluster_member_names, node_config
@@ -25,6 +26,7 @@ from deploys.model_snapshot import resources_args
 from deploys.nvidia_driver import packages_differ_message
 from deploys.run_state import kept
 from deploys.schema import NodeConfig
+from facts.apt import AptSourcesNaming
 from facts.containers import PodmanVersion
 from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources, NodeResourcesDict
 from facts.nvidia import KernelPackages, NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, driver_state
@@ -38,6 +40,7 @@ COLUMNS = ("host", "cluster/rank", "OS", "arch", "kernel", "CPUs", "RAM", "free 
 class _Run:
     rows: dict[str, list[str]] = field(default_factory=dict)
     problems: dict[str, list[str]] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
 
 
 def _gib(n: int) -> str:
@@ -158,7 +161,8 @@ def preflight():
             (MountSizeBytes, {"path": "/dev/shm"}), (NvidiaSmiGpus, {}), (NvidiaDriverPackages, {}),
             (NvidiaKernelModule, module), (KernelPackages, {}), (InterfaceAddresses, {}),
             (ExistingPaths, {"paths": tuple(cfg.container_devices)}), (PodmanVersion, {}),
-            (OsRelease, {})])  # the driver deploy reads it while preparing (its repo path): no round trip of its own
+            (OsRelease, {}),  # the driver deploy reads it while preparing (its repo path): no round trip of its own
+            (AptSourcesNaming, sources_args(cfg))])
     res = host.get_fact(NodeResources, **resources)
     shm_bytes = host.get_fact(MountSizeBytes, path="/dev/shm")
     smi = host.get_fact(NvidiaSmiGpus)
@@ -168,18 +172,23 @@ def preflight():
     addresses = host.get_fact(InterfaceAddresses)
     devices = host.get_fact(ExistingPaths, paths=tuple(cfg.container_devices))
     podman = host.get_fact(PodmanVersion)
+    foreign = host.get_fact(AptSourcesNaming, **sources_args(cfg))
 
     # every fact is read above: a fact read yields to the other hosts, which must not see this host's row
     # before its problems
     run = kept(host.state, "preflight", _Run)
     run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes, smi, state, podman)
+    if foreign:
+        run.notes[host.name] = (f"apt sources for the NVIDIA repos beside the toolkit's own (a second Signed-By for "
+                                f"one URI breaks apt), disabled by this run (renamed .disabled): {', '.join(foreign)}")
     run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, addresses, devices) + driver_problems(cfg, state)
     cluster_fits(name="Preflight: every member of this cluster can run it", cluster=cfg.cluster_name,
                  members=cluster_member_names())
     active = [h.name for h in host.state.inventory.get_active_hosts()]
     if not set(active) <= set(run.rows):
         return
-    logger.info("Preflight:\n" + format_table([run.rows[n] for n in sorted(active)]))
+    logger.info("Preflight:\n" + format_table([run.rows[n] for n in sorted(active)])
+                + "".join(f"\n  - host {n}: {run.notes[n]}" for n in sorted(active) if n in run.notes))
     bad = {n: p for n, p in sorted(run.problems.items()) if p and n in active}
     if bad:
         lines = "\n".join(f"  - host {n}: {msg}" for n, msgs in bad.items() for msg in msgs)

@@ -48,3 +48,21 @@ class KeyringFingerprints(FactBase[list]):
                 after_primary = False
                 primaries.append(fields[9] if len(fields) > 9 else "")
         return primaries
+
+
+class AptSourcesNaming(FactBase[list]):
+    """apt source files (`/etc/apt/sources.list`, `sources.list.d/*.list`, `*.sources`) other than ``own`` with an
+    uncommented line naming any of ``uris`` (as a prefix: `…/amd64` matches `…/amd64/`), in the order apt reads them."""
+
+    default = list
+
+    def command(self, uris: tuple[str, ...], own: tuple[str, ...], etc: str = "/etc/apt") -> str:
+        patterns = " ".join(f"-e {shlex.quote(u)}" for u in uris)
+        skip = "|".join(shlex.quote(p) for p in own) or "''"
+        e = shlex.quote(etc)
+        return (f"for f in {e}/sources.list {e}/sources.list.d/*.list {e}/sources.list.d/*.sources; do "
+                f'[ -f "$f" ] || continue; case "$f" in {skip}) continue;; esac; '
+                f'sed "s/#.*//" "$f" | grep -qF {patterns} && echo "$f"; done; true')
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip() for line in output if line.strip()]

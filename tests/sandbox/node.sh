@@ -389,6 +389,15 @@ WantedBy=multi-user.target
 UNIT
   ln -sf /etc/systemd/system/stand-in-nvidia-module.service "$root/etc/systemd/system/multi-user.target.wants/"
   if [ "$driver" = preinstalled ]; then dgx_os_node "$root"; fi
+  # What NVIDIA's own instructions leave on most GPU hosts: cuda-keyring's `.list` and the container toolkit's,
+  # each Signed-By its own keyring (the stand-in key here), for the URIs the toolkit's own sources name. apt
+  # refuses every source list once a second Signed-By for one URI is added (deploys/apt_sources.py).
+  gpg --dearmor < "$REPO/standin-key.asc" > "$root/usr/share/keyrings/cuda-archive-keyring.gpg"
+  cp "$root/usr/share/keyrings/cuda-archive-keyring.gpg" "$root/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+  echo "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] http://127.0.0.1:8801/cuda/repos/debian13/$(uname -m)/ /" \
+    > "$root/etc/apt/sources.list.d/cuda-debian13-$(uname -m).list"
+  echo 'deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] http://127.0.0.1:8801/libnvidia-container/stable/deb/$(ARCH) /' \
+    > "$root/etc/apt/sources.list.d/nvidia-container-toolkit.list"
   # Stand-in RoCE sysfs: the fabric address's RoCE v2 GID sits at an index that differs between nodes
   # (as on real pairs), among v1 and link-local entries.
   if [ "$fabric" != - ]; then

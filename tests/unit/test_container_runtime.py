@@ -7,7 +7,7 @@ import pytest
 from pyinfra.api.exceptions import FactProcessError
 
 from deploys.container_runtime import cdi_problem, render_refresh_env, render_registries, render_toolkit_source
-from deploys.schema import ContainerRuntimeKeys, InventoryValidationError, validate_hosts
+from deploys.schema import ContainerRuntimeKeys, InventoryValidationError, NodeConfig, validate_hosts
 from facts.containers import CdiSpec, PodmanVersion, parse_cdi_spec
 from tests.unit.profiles import profile
 
@@ -103,3 +103,39 @@ def test_auth_file_must_be_private_and_outside_the_repo(tmp_path):
         inside.unlink()
     loose.chmod(0o600)
     assert validate_hosts({"node-a": {**PROFILE_A, "registry_auth_file": str(loose)}})
+
+
+def test_other_sources_for_the_nvidia_repos_are_found_as_apt_reads_them(tmp_path):
+    """NVIDIA's cuda-keyring and container-toolkit `.list` files (the toolkit's URI with apt's `$(ARCH)`), as
+    the fact's own command finds them in a real directory; commented lines, other repos and the toolkit's own
+    sources do not count."""
+    import subprocess
+
+    from deploys.apt_sources import CUDA_SOURCE, TOOLKIT_SOURCE, sources_args
+    from facts.apt import AptSourcesNaming
+
+    cfg = NodeConfig.model_validate({**profile("rtx_pro_6000_pair"), "nvidia_repo_url": "http://r.example/cuda/repos",
+                                     "nvidia_toolkit_repo_url": "http://r.example/libnvidia-container/stable/deb"})
+    etc = tmp_path / "apt"
+    (etc / "sources.list.d").mkdir(parents=True)
+    (etc / "sources.list").write_text("deb http://deb.debian.org/debian trixie main\n")
+    files = {
+        "cuda-ubuntu2404-x86_64.list": "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+                                       "http://r.example/cuda/repos/ubuntu2404/x86_64/ /\n",
+        "nvidia-container-toolkit.list": "deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] "
+                                         "http://r.example/libnvidia-container/stable/deb/$(ARCH) /\n",
+        "old.list": "# deb http://r.example/cuda/repos/ubuntu2204/x86_64/ /\n",
+        "docker.sources": "Types: deb\nURIs: https://download.docker.com/linux/ubuntu\nSuites: noble\n",
+        "own.sources": "Types: deb\nURIs: http://r.example/libnvidia-container/stable/deb/amd64/\nSuites: /\n",
+    }
+    for name, text in files.items():
+        (etc / "sources.list.d" / name).write_text(text)
+    args = sources_args(cfg)
+    assert args["own"] == (CUDA_SOURCE, TOOLKIT_SOURCE)
+    args["own"] = (str(etc / "sources.list.d" / "own.sources"),)
+    fact = AptSourcesNaming()
+    out = subprocess.run(["sh", "-c", fact.command(**args, etc=str(etc))], capture_output=True, text=True, check=True)
+    assert fact.process(out.stdout.splitlines()) == [str(etc / "sources.list.d" / n) for n in
+                                                     ("cuda-ubuntu2404-x86_64.list", "nvidia-container-toolkit.list")]
+    ubuntu = sources_args(cfg.model_copy(update={"nvidia_driver_source": "ubuntu_archive"}))
+    assert not any("cuda" in u for u in ubuntu["uris"])  # the CUDA repo is not added: its sources stay
