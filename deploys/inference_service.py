@@ -281,9 +281,10 @@ def fingerprint(unit_text: str, cfg: NodeConfig, head: NodeConfig | None, nodes:
 
 def args_check_command(cfg: NodeConfig, argv: list[str]) -> str:
     """Shell command that parses ``argv`` with the vLLM inside the pinned image (nothing starts)."""
-    # host network, as the service: the check opens no socket, and a network namespace of its own needs
-    # privileges some hosts do not give (a nested container cannot bring its loopback up)
-    run = ["podman", "run", "--rm", "--pull=never", "--network=host", f"--entrypoint={cfg.vllm_python}",
+    # least privilege: it opens no socket; a host whose containers cannot have a network namespace of their own
+    # (a nested container cannot bring its loopback up) says so in its inventory (vllm_args_check_network)
+    run = ["podman", "run", "--rm", "--pull=never", f"--network={cfg.vllm_args_check_network}", "--cap-drop=all",
+           "--security-opt=no-new-privileges", f"--entrypoint={cfg.vllm_python}",
            "-v", f"{ARGS_CHECK}:/run/inference-nodes-check_vllm_args.py:ro", cfg.image_ref,
            "/run/inference-nodes-check_vllm_args.py", *argv]
     refused = f"the vLLM in {cfg.image_ref} refused the new command line; the unit was not changed"

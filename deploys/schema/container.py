@@ -67,6 +67,11 @@ class ContainerKeys(ComponentKeys):
     )
     container_exec: str | None = _key(None, description="command the container runs (Quadlet `Exec=`); unset = image default")
     container_privileged: bool = _key(False, description="run `--privileged` (deployment A did; least privilege otherwise)")
+    vllm_args_check_network: Literal["none", "host"] = _key(
+        "none", description="network of the throwaway container that parses a new vLLM command line with the image's "
+        "own vLLM (no capabilities, no new privileges; it opens no socket): `host` only where a container cannot "
+        "have a network namespace of its own (a nested container, as the sandbox's nodes are)",
+    )
     container_ipc_host: bool = _key(False, description="share the host's IPC namespace (`--ipc=host`); excludes `container_shm_size`")
     container_shm_size: str | None = _key(
         None, description="container /dev/shm size (`ShmSize=`, e.g. `16g`); unset without `container_ipc_host`: "

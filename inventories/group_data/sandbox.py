@@ -12,7 +12,7 @@ import platform
 __all__ = [
     "node_arch", "model_size_gb", "nvidia_repo_url", "nvidia_repo_key_url", "nvidia_repo_key_fingerprint",
     "nvidia_module_root", "allow_reboot", "nvidia_toolkit_repo_url", "nvidia_toolkit_key_url",
-    "nvidia_toolkit_key_fingerprint", "registries", "registry_auth_file", "image_digest", "model_hub_endpoint",
+    "nvidia_toolkit_key_fingerprint", "vllm_args_check_network", "registries", "registry_auth_file", "image_digest", "model_hub_endpoint",
     "model_control_cache", "roce_sysfs_root", "limits_memlock", "limits_nofile", "fabric_on_one_host",
     "container_devices", "gate_kv_cache_min_tokens", "gate_kv_min_concurrency", "gate_concurrency_tokens",
 ]
@@ -57,6 +57,9 @@ allow_reboot = True
 roce_sysfs_root = "/srv/stand-in-sysfs"
 # The nodes share this machine's network: their fabric addresses are distinct loopback addresses.
 fabric_on_one_host = True
+# The nodes are containers (systemd-nspawn): a container inside cannot bring up a loopback of its own, so the
+# vLLM argument check shares the node's network (it opens no socket).
+vllm_args_check_network = "host"
 # No RDMA hardware: the stand-in fabric is TCP on loopback (the RoCE GID lookup reads the stand-in sysfs).
 container_devices = []
 

@@ -483,3 +483,13 @@ def test_cuda_sees_the_cdi_devices_numbered_from_zero():
         ["AddDevice=nvidia.com/gpu=2", "AddDevice=nvidia.com/gpu=3"]
     privileged = service_environment(half.model_copy(update={"container_privileged": True}), None, 1)
     assert privileged["CUDA_VISIBLE_DEVICES"] == "2,3" and privileged["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_the_argument_check_runs_with_least_privilege_unless_the_inventory_says_so():
+    from deploys.inference_service import args_check_command, vllm_argv
+
+    b0 = LAB["gb10-b0.lab.example"]
+    argv = shlex.split(args_check_command(b0, vllm_argv(b0, b0, 2)).split(" || ")[0])
+    assert {"--network=none", "--cap-drop=all", "--security-opt=no-new-privileges"} <= set(argv)
+    nested = b0.model_copy(update={"vllm_args_check_network": "host"})  # the sandbox's nodes are containers
+    assert "--network=host" in args_check_command(nested, vllm_argv(nested, nested, 2))
