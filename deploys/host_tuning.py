@@ -1,7 +1,8 @@
-"""Host tuning: memlock/nofile/stack limits, the UCX/NCCL env file, and the /dev/shm size check.
+"""Host tuning: host-wide memlock/nofile/stack limits (opt-in), the UCX/NCCL env file, and the /dev/shm check.
 
-Limits are set twice because they reach processes two ways: pam_limits (limits.d) for login sessions,
-and systemd's manager defaults for services (the inference unit also sets its own in the service issue).
+The inference unit sets its own limits (`Limit*=`, the container's `--ulimit`). With `limits_host_wide` they
+are also set for every process, two ways: pam_limits (limits.d) for login sessions, and systemd's manager
+defaults for services (applied by a re-exec of PID 1).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
-from pyinfra.facts.files import Directory
+from pyinfra.facts.files import Directory, File
 from pyinfra.operations import files
 
 from deploys.fact_cache import expect
@@ -120,31 +121,36 @@ def systemd_defaults_applied():
 def host_tuning():
     cfg = node_config()
     batch = (LIMITS_FILE, SYSTEMD_DEFAULTS_FILE, cfg.fabric_env_file)  # read in one round trip
-    expect([(MountSizeBytes, {"path": "/dev/shm"}), (ManagedFiles, {"paths": batch}),
-            (SystemdDefaultLimits, {"names": tuple(systemd_default_limits(cfg))}),
+    limits = ([(SystemdDefaultLimits, {"names": tuple(systemd_default_limits(cfg))})] if cfg.limits_host_wide else
+              [(File, {"path": p}) for p in (LIMITS_FILE, SYSTEMD_DEFAULTS_FILE)])
+    expect([(MountSizeBytes, {"path": "/dev/shm"}), (ManagedFiles, {"paths": batch}), *limits,
             (Directory, {"path": posixpath.dirname(cfg.fabric_env_file)})])
     host_shm_large_enough(name="Check /dev/shm holds the KV offload")
-    atomic_put(
-        batch=batch,
-        name="Set memlock/nofile/stack limits for logins (limits.d)",
-        src=StringIO(render_limits(cfg)),
-        dest=LIMITS_FILE,
-        user="root",
-        group="root",
-        mode="0644",
-    )
-    defaults = render_systemd_defaults(cfg)
-    atomic_put(
-        batch=batch,
-        name="Set systemd's default memlock/nofile/stack limits for services",
-        src=StringIO(defaults),
-        dest=SYSTEMD_DEFAULTS_FILE,
-        user="root",
-        group="root",
-        mode="0644",
-        create_remote_dir=True,
-    )
-    systemd_defaults_applied(name="Re-execute systemd so the new default limits apply")
+    if cfg.limits_host_wide:
+        atomic_put(
+            batch=batch,
+            name="Set memlock/nofile/stack limits for logins (limits.d)",
+            src=StringIO(render_limits(cfg)),
+            dest=LIMITS_FILE,
+            user="root",
+            group="root",
+            mode="0644",
+        )
+        atomic_put(
+            batch=batch,
+            name="Set systemd's default memlock/nofile/stack limits for services",
+            src=StringIO(render_systemd_defaults(cfg)),
+            dest=SYSTEMD_DEFAULTS_FILE,
+            user="root",
+            group="root",
+            mode="0644",
+            create_remote_dir=True,
+        )
+        systemd_defaults_applied(name="Re-execute systemd so the new default limits apply")
+    else:  # the unit's own limits suffice (Limit*= and the container's --ulimit)
+        files.file(name="Remove the login limits (limits.d; limits_host_wide is off)", path=LIMITS_FILE, present=False)
+        files.file(name="Remove systemd's default limits (limits_host_wide is off)", path=SYSTEMD_DEFAULTS_FILE,
+                   present=False)
     files.directory(
         name="Create the fabric env file's directory",
         path=posixpath.dirname(cfg.fabric_env_file),

@@ -19,6 +19,12 @@ class HostTuningKeys(ComponentKeys):
     )
     limits_nofile: int = _key(1048576, description="open-files limit (soft = hard)", ge=1024, le=1048576)
     limits_stack: int = _key(67108864, description="stack size limit in bytes (soft = hard)", ge=8388608, le=2**40)
+    limits_host_wide: bool = _key(
+        False, description="also give these limits to every login (limits.d) and, as systemd's defaults, to every "
+        "service (applied by a `daemon-reexec` of PID 1). The inference unit sets its own either way; only RDMA "
+        "tools run by hand from a shell (nccl-tests, `ib_write_bw`: locked memory) need them. Off: files an "
+        "earlier run wrote are removed (the manager keeps the raised defaults until its next boot; no re-exec)",
+    )
     fabric_env: EnvMap = _key(
         {},
         description="UCX_*/NCCL_* settings written to `fabric_env_file` (e.g. `UCX_MEM_MMAP_HOOK_MODE`, `NCCL_IB_HCA`)",

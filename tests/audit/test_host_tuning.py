@@ -1,4 +1,5 @@
-"""Audit of host tuning: configured limits (limits.d and systemd's service defaults), fabric env, /dev/shm.
+"""Audit of host tuning: host-wide limits where the inventory asks for them (limits.d and systemd's service
+defaults; absent otherwise: the unit sets its own), fabric env, /dev/shm.
 
 Expected values come from the inventory's typed config, never from the deploy's own renderers.
 Effective limits of running processes are not asserted: a sandbox node inherits its parent's hard caps
@@ -8,6 +9,21 @@ Effective limits of running processes are not asserted: a sandbox node inherits 
 import pytest
 
 LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
+SYSTEMD_DEFAULTS_FILE = "/etc/systemd/system.conf.d/90-inference-nodes.conf"
+
+
+@pytest.fixture
+def host_wide(node):
+    if not node.cfg.limits_host_wide:
+        pytest.skip("limits_host_wide is off: the unit sets its own (test_host_wide_limits_are_absent_when_off)")
+    return node
+
+
+def test_host_wide_limits_are_absent_when_off(node):
+    if node.cfg.limits_host_wide:
+        pytest.skip("limits_host_wide is on")
+    for path in (LIMITS_FILE, SYSTEMD_DEFAULTS_FILE):
+        assert not node.host.file(path).exists, f"{path} is on the node but limits_host_wide is off"
 
 
 def _limits_entries(text: str) -> dict[tuple[str, str, str], str]:
@@ -20,7 +36,8 @@ def _limits_entries(text: str) -> dict[tuple[str, str, str], str]:
     return entries
 
 
-def test_limits_d_raises_memlock_nofile_stack_for_users_and_root(node):
+def test_limits_d_raises_memlock_nofile_stack_for_users_and_root(host_wide):
+    node = host_wide
     f = node.host.file(LIMITS_FILE)
     assert f.is_file and f.user == "root" and f.mode == 0o644
     entries = _limits_entries(f.content_string)
@@ -32,7 +49,8 @@ def test_limits_d_raises_memlock_nofile_stack_for_users_and_root(node):
                 assert entries.get((domain, kind, item)) == value, (domain, kind, item)
 
 
-def test_systemd_default_limits_for_services(node):
+def test_systemd_default_limits_for_services(host_wide):
+    node = host_wide
     shown = node.host.check_output("systemctl show -p DefaultLimitMEMLOCK -p DefaultLimitNOFILE -p DefaultLimitSTACK")
     props = dict(line.split("=", 1) for line in shown.splitlines())
     assert props == {
@@ -42,7 +60,8 @@ def test_systemd_default_limits_for_services(node):
     }
 
 
-def test_services_started_by_systemd_get_the_limits(node):
+def test_services_started_by_systemd_get_the_limits(host_wide):
+    node = host_wide
     # sshd's unit sets no limits of its own, so it shows what every service without Limit*= gets.
     shown = node.host.check_output("systemctl show ssh.service -p LimitNOFILE -p LimitSTACK")
     props = dict(line.split("=", 1) for line in shown.splitlines())

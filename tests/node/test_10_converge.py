@@ -153,6 +153,31 @@ def test_one_unfit_node_fails_its_cluster_and_the_other_clusters_converge(sandbo
     assert first["error"] == ["sandbox-a"] and first["no_change"] == ["sandbox-b0", "sandbox-b1"], first
 
 
+def test_host_wide_limits_off_leave_the_service_its_own(sandbox, tmp_path):
+    """The lab's default: no limits for logins or as systemd's defaults (files an earlier run wrote go, no
+    re-exec of PID 1); the service keeps its own and is not restarted; the audit checks they are gone. Back on,
+    they come back."""
+    from tests.node.conftest import inventory_copy
+
+    node, files = "sandbox-a", (LIMITS_FILE, "/etc/systemd/system.conf.d/90-inference-nodes.conf")
+    off = inventory_copy(tmp_path, ('_node("sandbox-a", 2201, ', '_node("sandbox-a", 2201, limits_host_wide=False, '))
+    started = on_node(node, "systemctl show -p InvocationID --value grandpa.service").stdout
+    removed = changed_operations(pyinfra("--json", off, "deploys/all.py", "--limit", node))
+    assert sorted(op for op, _ in removed) == ["Host tuning | Remove systemd's default limits (limits_host_wide is off)",
+                                               "Host tuning | Remove the login limits (limits.d; limits_host_wide is off)"]
+    assert all(on_node(node, f"test ! -e {f}").returncode == 0 for f in files)
+    own = on_node(node, "systemctl show -p LimitNOFILE -p LimitMEMLOCK --value grandpa.service").stdout.split()
+    assert sorted(own) == ["20000", "8388608"], own  # the unit's own (the sandbox's caps)
+    assert on_node(node, "systemctl show -p InvocationID --value grandpa.service").stdout == started, "not restarted"
+    audit = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "tests/audit/test_host_tuning.py", "--inventory",
+                            off, "--limit", node, "-p", "no:cacheprovider"], capture_output=True, text=True, timeout=300)
+    assert audit.returncode == 0 and "PASSED tests/audit/test_host_tuning.py::test_host_wide_limits_are_absent_when_off" \
+        in audit.stdout, audit.stdout[-3000:]
+    back = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node))
+    assert "Host tuning | Set memlock/nofile/stack limits for logins (limits.d)" in dict(back)
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
+
+
 def test_audit_after_reboot(sandbox):
     pyinfra(INVENTORY, "server.reboot", "delay=5", "interval=1", "reboot_timeout=120")
     wait_serving(sandbox)  # the services start at boot, behind the model gate, and load before they answer
