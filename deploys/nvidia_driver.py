@@ -21,6 +21,7 @@ from deploys.apt_sources import CUDA_SOURCE, cuda_repo_path, cuda_repo_uri
 from deploys.apt_state import APT_READS, apt_lists_updated, lock_waiting
 from deploys.fact_cache import expect
 from deploys.inventory import node_config
+from deploys.model_snapshot import resources_args
 from deploys.ops import (
     apt_held,
     atomic_put,
@@ -33,7 +34,7 @@ from deploys.ops import (
 )
 from deploys.schema import NodeConfig, NvidiaDriverKeys
 from facts.apt import AptHolds, KeyringFingerprints
-from facts.host import ManagedFiles
+from facts.host import ManagedFiles, NodeResources
 from facts.nvidia import (
     DRIVER_VERSION,
     DriverStateDict,
@@ -313,6 +314,10 @@ def nvidia_driver():
             paths=tuple(p for p, _ in repo_files),
             contents=tuple(c for _, c in repo_files),
         )
+        if cfg.nvidia_kernel_headers:
+            kernel = host.get_fact(NodeResources, **resources_args(cfg)).get("kernel")  # preflight's read
+            apt.packages(name="Install the running kernel's headers (DKMS builds the driver module against them)",
+                         packages=[f"linux-headers-{kernel}"])
         driver_installed(
             name=f"Install driver branch {branch}: {', '.join(cfg.driver_packages)}",
             packages=cfg.driver_packages,

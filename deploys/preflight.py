@@ -29,7 +29,8 @@ from deploys.schema import NodeConfig
 from facts.apt import AptSourcesNaming
 from facts.containers import PodmanVersion
 from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources, NodeResourcesDict
-from facts.nvidia import KernelPackages, NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, driver_state
+from facts.nvidia import (KernelPackages, NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, SecureBoot,
+                          driver_state)
 
 ARCH_ALIASES = {"arm64": "aarch64", "amd64": "x86_64"}
 COLUMNS = ("host", "cluster/rank", "OS", "arch", "kernel", "CPUs", "RAM", "free disk (model path)",
@@ -104,12 +105,29 @@ def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: d
     return out
 
 
-def driver_problems(cfg: NodeConfig, state: dict) -> list[str]:
+NVSWITCH = "/dev/nvidia-nvswitchctl"
+
+
+def driver_problems(cfg: NodeConfig, state: dict, secure_boot: dict | None = None, nvswitch: bool = False) -> list[str]:
     """A preinstalled driver whose packages differ is refused here: the driver deploy installs nothing that
-    could fix it (other sources may: the driver deploy checks again after installing)."""
+    could fix it (other sources may: the driver deploy checks again after installing). So is a driver about to be
+    built by DKMS under Secure Boot with its signing key not enrolled (the module would not load after the
+    reboot), and an NVSwitch host (HGX: nvidia-fabricmanager, matched to the driver, which this toolkit does not
+    manage, must run before CUDA sees the GPUs)."""
+    out = []
     if cfg.nvidia_driver_source == "preinstalled" and state["state"] == "packages_differ":
-        return [packages_differ_message(state["reason"])]
-    return []
+        out.append(packages_differ_message(state["reason"]))
+    sb = secure_boot or {}
+    if (sb.get("enabled") and cfg.nvidia_driver_source != "preinstalled" and state["state"] != "ok"
+            and not sb.get("mok_enrolled")):
+        out.append("Secure Boot is on and the driver is about to be built by DKMS, whose signing key (MOK) is not "
+                   "enrolled: the module would not load after the reboot. Enroll it (`mokutil --import "
+                   "/var/lib/shim-signed/mok/MOK.der`, then confirm at the console on the next boot), or install "
+                   "signed modules and use nvidia_driver_source: preinstalled")
+    if nvswitch:
+        out.append(f"an NVSwitch host ({NVSWITCH}): nvidia-fabricmanager, matched to the driver, must run before CUDA "
+                   "sees the GPUs, and this toolkit does not manage it")
+    return out
 
 
 def gpu_column(smi: dict, mem_bytes: int) -> str:
@@ -160,7 +178,8 @@ def preflight():
     expect([(NodeResources, resources),
             (MountSizeBytes, {"path": "/dev/shm"}), (NvidiaSmiGpus, {}), (NvidiaDriverPackages, {}),
             (NvidiaKernelModule, module), (KernelPackages, {}), (InterfaceAddresses, {}),
-            (ExistingPaths, {"paths": tuple(cfg.container_devices)}), (PodmanVersion, {}),
+            (ExistingPaths, {"paths": tuple(cfg.container_devices)}), (ExistingPaths, {"paths": (NVSWITCH,)}),
+            (SecureBoot, {}), (PodmanVersion, {}),
             (OsRelease, {}),  # the driver deploy reads it while preparing (its repo path): no round trip of its own
             (AptSourcesNaming, sources_args(cfg))])
     res = host.get_fact(NodeResources, **resources)
@@ -171,6 +190,8 @@ def preflight():
 
     addresses = host.get_fact(InterfaceAddresses)
     devices = host.get_fact(ExistingPaths, paths=tuple(cfg.container_devices))
+    nvswitch = bool(host.get_fact(ExistingPaths, paths=(NVSWITCH,)))
+    secure_boot = host.get_fact(SecureBoot)
     podman = host.get_fact(PodmanVersion)
     foreign = host.get_fact(AptSourcesNaming, **sources_args(cfg))
 
@@ -181,7 +202,7 @@ def preflight():
     if foreign:
         run.notes[host.name] = (f"apt sources for the NVIDIA repos beside the toolkit's own (a second Signed-By for "
                                 f"one URI breaks apt), disabled by this run (renamed .disabled): {', '.join(foreign)}")
-    run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, addresses, devices) + driver_problems(cfg, state)
+    run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, addresses, devices) + driver_problems(cfg, state, secure_boot, nvswitch)
     cluster_fits(name="Preflight: every member of this cluster can run it", cluster=cfg.cluster_name,
                  members=cluster_member_names())
     active = [h.name for h in host.state.inventory.get_active_hosts()]

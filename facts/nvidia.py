@@ -347,3 +347,29 @@ def driver_state(packages: dict, module: dict, kernel: dict | None = None) -> Dr
         state, reason = "ok", f"module {loaded} = userspace {installed}"
     return {"state": state, "installed": installed, "loaded": loaded, "modules": modules[1] if modules else None,
             "flavour": module.get("flavour"), "reason": reason}
+
+
+class SecureBootDict(TypedDict):
+    enabled: bool | None       # the firmware's SecureBoot variable (None: no EFI variables: legacy boot or unknown)
+    mok_enrolled: bool | None  # DKMS's signing key is enrolled (None: no key yet, or no mokutil to ask)
+
+
+class SecureBoot(FactBase[SecureBootDict]):
+    """Whether Secure Boot is on, and whether the key DKMS signs modules with (Ubuntu's
+    `/var/lib/shim-signed/mok/MOK.der`) is enrolled: a DKMS-built driver module loads under Secure Boot only then.
+    ``efivars``: the firmware variables' directory (a test points it elsewhere)."""
+
+    default = dict
+
+    def command(self, efivars: str = "/sys/firmware/efi/efivars", mok: str = "/var/lib/shim-signed/mok/MOK.der") -> str:
+        e, k = shlex.quote(efivars), shlex.quote(mok)
+        return (f"f=$(ls {e}/SecureBoot-* 2>/dev/null | head -n1); "
+                "if [ -n \"$f\" ]; then echo \"enabled=$(od -An -t u1 -j4 -N1 \"$f\" | tr -d ' ')\"; else echo enabled=; fi; "
+                f"if [ -f {k} ] && command -v mokutil >/dev/null 2>&1; then "
+                f"if mokutil --test-key {k} 2>&1 | grep -q 'already enrolled'; then echo mok=1; else echo mok=0; fi; "
+                "else echo mok=; fi")
+
+    def process(self, output: list[str]) -> SecureBootDict:
+        values = dict(line.split("=", 1) for line in output if "=" in line)
+        flag = lambda v: None if not v else v.strip() == "1"  # noqa: E731
+        return {"enabled": flag(values.get("enabled")), "mok_enrolled": flag(values.get("mok"))}

@@ -20,6 +20,11 @@ class NvidiaDriverKeys(ComponentKeys):
     )
     nvidia_driver_branch: str = _key("580", description="driver branch to install and hold", pattern=r"^[0-9]{3}$")
     nvidia_driver_open: bool = _key(True, description="open kernel modules (required by Blackwell and GB10)")
+    nvidia_kernel_headers: bool = _key(
+        True, description="install the running kernel's headers (`linux-headers-$(uname -r)`) before the driver, as "
+        "NVIDIA's own role does: DKMS builds the module against them, and a minimal or cloud image lacks them (the "
+        "flavour's headers metapackage may name another kernel). Not with `preinstalled`",
+    )
     nvidia_driver_packages: list[str] | None = _key(
         None, description="packages to install; unset = the source's default set for branch and flavour"
     )

@@ -11,7 +11,7 @@ import platform
 
 __all__ = [
     "node_arch", "model_size_gb", "nvidia_repo_url", "nvidia_repo_key_url", "nvidia_repo_key_fingerprint",
-    "nvidia_module_root", "allow_reboot", "nvidia_toolkit_repo_url", "nvidia_toolkit_key_url",
+    "nvidia_module_root", "nvidia_kernel_headers", "allow_reboot", "nvidia_toolkit_repo_url", "nvidia_toolkit_key_url",
     "nvidia_toolkit_key_fingerprint", "vllm_args_check_network", "registries", "registry_auth_file", "image_digest", "model_hub_endpoint",
     "model_control_cache", "roce_sysfs_root", "limits_memlock", "limits_nofile", "limits_host_wide", "fabric_on_one_host",
     "container_devices", "gate_kv_cache_min_tokens", "gate_kv_min_concurrency", "gate_concurrency_tokens",
@@ -48,6 +48,9 @@ nvidia_repo_key_fingerprint = _read("standin-repo/fingerprint", "F" * 40)
 nvidia_toolkit_repo_url = "http://127.0.0.1:8801/libnvidia-container/stable/deb"
 nvidia_toolkit_key_url = nvidia_repo_key_url
 nvidia_toolkit_key_fingerprint = nvidia_repo_key_fingerprint
+# The nodes run this machine's kernel, whose headers no repo the nodes reach has, and the stand-in module is built
+# by nothing: the headers NVIDIA's own role installs before DKMS builds the module are left out here.
+nvidia_kernel_headers = False
 # The stand-in "kernel module" is loaded into /run at boot by a harness unit (tests/sandbox/node.sh).
 nvidia_module_root = "/run/stand-in-gpu"
 # Throwaway nodes: a driver install reboots them, as a lab would after `allow_reboot: true`.

@@ -155,3 +155,45 @@ def test_a_hung_nvidia_smi_is_stopped_and_refused_by_preflight(tmp_path):
     })
     res = {"arch": "x86_64", "disk_free_bytes": 10**12, "model_present_bytes": 0, "disk_path": "/"}
     assert problems_for(cfg, res, 2**40, smi) == [smi["error"]]
+
+
+def test_secure_boot_read_from_the_firmware_variable_and_a_dkms_build_refused(tmp_path):
+    """The fact's own command against a real efivars-like directory (4 attribute bytes, then the value) and a
+    stand-in mokutil; preflight refuses a DKMS build under Secure Boot until the key is enrolled, and an
+    NVSwitch host."""
+    import os
+    import subprocess
+
+    from deploys.preflight import driver_problems
+    from deploys.schema import NvidiaDriverKeys
+    from facts.nvidia import SecureBoot
+
+    efivars, mok, bin_dir = tmp_path / "efivars", tmp_path / "MOK.der", tmp_path / "bin"
+    efivars.mkdir()
+    bin_dir.mkdir()
+
+    def read(enrolled: bool = False) -> dict:
+        (bin_dir / "mokutil").write_text("#!/bin/sh\necho '%s'\n" % ("MOK.der is already enrolled" if enrolled
+                                                                       else "MOK.der is not enrolled"))
+        (bin_dir / "mokutil").chmod(0o755)
+        command = SecureBoot().command(efivars=str(efivars), mok=str(mok))
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}).stdout
+        return SecureBoot().process(out.splitlines())
+
+    assert read() == {"enabled": None, "mok_enrolled": None}  # no EFI variables, no key
+    var = efivars / "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+    var.write_bytes(b"\x06\x00\x00\x00\x00")
+    assert read()["enabled"] is False
+    var.write_bytes(b"\x06\x00\x00\x00\x01")
+    mok.write_bytes(b"key")
+    sb = read()
+    assert sb == {"enabled": True, "mok_enrolled": False}
+    fresh = {"state": "not_installed", "reason": "no driver package installed and no module loaded"}
+    (problem,) = driver_problems(NvidiaDriverKeys(), fresh, sb)
+    assert problem.startswith("Secure Boot is on and the driver is about to be built by DKMS")
+    assert driver_problems(NvidiaDriverKeys(), fresh, read(enrolled=True)) == []
+    assert driver_problems(NvidiaDriverKeys(), {"state": "ok", "reason": ""}, sb) == []  # it loads already
+    assert driver_problems(NvidiaDriverKeys(nvidia_driver_source="preinstalled"), fresh, sb) == []
+    (switch,) = driver_problems(NvidiaDriverKeys(), {"state": "ok", "reason": ""}, {}, nvswitch=True)
+    assert "nvidia-fabricmanager" in switch
