@@ -180,8 +180,9 @@ def sudo_user(converged):
     return SUDO_USER
 
 
-def _upload_watched(tmp_path, *op_args: str) -> tuple[dict, dict]:
-    """Run one pyinfra operation as the sudo user while root and nobody watch /tmp; their two reports."""
+def _upload_watched(tmp_path, *op_args: str, sudo: tuple[str, ...] = ("--data", "_sudo=true")) -> tuple[dict, dict]:
+    """Run one pyinfra operation as the sudo user while root and nobody watch /tmp; their two reports. ``sudo``:
+    how the run asks for sudo (the inventory's `_sudo`, or the command line's `--sudo`)."""
     import json
     import subprocess
 
@@ -193,7 +194,7 @@ def _upload_watched(tmp_path, *op_args: str) -> tuple[dict, dict]:
                 for who, prefix in (("root", ""), ("nobody", "setpriv --reuid=65534 --regid=65534 --clear-groups"))}
     time.sleep(1)
     try:
-        pyinfra(INVENTORY, *op_args, "--limit", NODE, "--data", f"ssh_user={SUDO_USER}", "--data", "_sudo=true")
+        pyinfra(INVENTORY, *op_args, "--limit", NODE, "--data", f"ssh_user={SUDO_USER}", *sudo)
     finally:
         _ok("touch /run/watch-stop")
     reports = {who: json.loads(p.communicate(timeout=30)[0]) for who, p in watchers.items()}
@@ -228,6 +229,26 @@ def test_a_secret_uploaded_under_sudo_never_sits_in_a_file_others_can_read(sudo_
         assert _ok("ls -d /tmp/inference-nodes-upload-* 2>/dev/null | wc -l").strip() == "0"
     finally:
         on_node(NODE, f"rm -f {dest} /root/test-upload-control")
+
+
+def test_the_sudo_flag_takes_the_same_private_path_as_the_inventorys_sudo(sudo_user, tmp_path):
+    """`pyinfra --sudo` sets pyinfra's config, not the host's `_sudo` data: the toolkit's private upload reads the
+    effective privilege (deploys/ops.py uses_sudo). Read from the data alone, the upload went straight to the
+    destination as the SSH user and failed (permission denied)."""
+    import secrets as pysecrets
+
+    token = f"sandbox-upload-secret-{pysecrets.token_hex(8)}"
+    src = tmp_path / "token"
+    src.write_text(token)
+    dest = "/etc/inference-nodes/secrets/test-upload-secret-flag"
+    try:
+        root, nobody = _upload_watched(tmp_path, "deploys.ops.secret_file", f"src={src}", f"dest={dest}",
+                                       sudo=("--sudo",))
+        assert [p for p in root["seen"] if p.startswith("/tmp/inference-nodes-upload-")], root
+        assert nobody["read"] == [], "another local user read the secret during the upload"
+        assert _ok(f"stat -c '%U %a' {dest}").strip() == "root 600" and _ok(f"cat {dest}") == token
+    finally:
+        on_node(NODE, f"rm -f {dest}")
 
 
 def test_a_secret_taken_out_of_the_inventory_leaves_the_node(converged):
