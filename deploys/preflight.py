@@ -202,7 +202,8 @@ def preflight():
     if foreign:
         run.notes[host.name] = (f"apt sources for the NVIDIA repos beside the toolkit's own (a second Signed-By for "
                                 f"one URI breaks apt), disabled by this run (renamed .disabled): {', '.join(foreign)}")
-    run.problems[host.name] = problems_for(cfg, res, shm_bytes, smi, addresses, devices) + driver_problems(cfg, state, secure_boot, nvswitch)
+    run.problems[host.name] = (problems_for(cfg, res, shm_bytes, smi, addresses, devices)
+                               + driver_problems(cfg, state, secure_boot, nvswitch))
     cluster_fits(name="Preflight: every member of this cluster can run it", cluster=cfg.cluster_name,
                  members=cluster_member_names())
     active = [h.name for h in host.state.inventory.get_active_hosts()]
