@@ -207,7 +207,7 @@ def test_a_pair_changes_as_one_or_not_at_all(sandbox, tmp_path):
     proc = pyinfra(failing, "deploys/all.py", "--limit", "gb10_dspark", check=False)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert ("sandbox-b0: the launch of cluster gb10-dspark changes, but sandbox-b1 failed earlier in this run: no "
-            "member's unit changes") in proc.stderr, proc.stderr[-3000:]
+            "member's unit or model changes") in proc.stderr, proc.stderr[-3000:]
     assert {n: (main_pid(n), container_id(n), on_node(n, f"cat {unit}").stdout) for n in pair} == before
     (tmp_path / "whole").mkdir()
     changed = inventory_copy(tmp_path / "whole", flag)
