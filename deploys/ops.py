@@ -33,8 +33,11 @@ def uses_sudo(host) -> bool:
     """Whether pyinfra runs this host's commands under sudo, as pyinfra itself decides it: the host's `_sudo`
     data, else the command line's `--sudo` (its config). The toolkit's own privileged paths (private uploads,
     rsync's remote side, a member reached from another host's operation) follow the same answer."""
-    value = host.data.get("_sudo")
-    return bool(host.state.config.SUDO if value is None else value)
+    value = getattr(host.data, "_sudo", _UNSET)  # as pyinfra's pop_global_arguments: any host value wins
+    return bool(host.state.config.SUDO if value is _UNSET else value)
+
+
+_UNSET = object()
 
 
 def fail_host(message: str) -> FunctionCommand:

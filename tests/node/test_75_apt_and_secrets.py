@@ -180,7 +180,8 @@ def sudo_user(converged):
     return SUDO_USER
 
 
-def _upload_watched(tmp_path, *op_args: str, sudo: tuple[str, ...] = ("--data", "_sudo=true")) -> tuple[dict, dict]:
+def _upload_watched(tmp_path, *op_args: str, sudo: tuple[str, ...] = ("--data", "_sudo=true"),
+                    inventory: str = INVENTORY) -> tuple[dict, dict]:
     """Run one pyinfra operation as the sudo user while root and nobody watch /tmp; their two reports. ``sudo``:
     how the run asks for sudo (the inventory's `_sudo`, or the command line's `--sudo`)."""
     import json
@@ -194,7 +195,7 @@ def _upload_watched(tmp_path, *op_args: str, sudo: tuple[str, ...] = ("--data", 
                 for who, prefix in (("root", ""), ("nobody", "setpriv --reuid=65534 --regid=65534 --clear-groups"))}
     time.sleep(1)
     try:
-        pyinfra(INVENTORY, *op_args, "--limit", NODE, "--data", f"ssh_user={SUDO_USER}", *sudo)
+        pyinfra(inventory, *op_args, "--limit", NODE, "--data", f"ssh_user={SUDO_USER}", *sudo)
     finally:
         _ok("touch /run/watch-stop")
     reports = {who: json.loads(p.communicate(timeout=30)[0]) for who, p in watchers.items()}
@@ -234,16 +235,30 @@ def test_a_secret_uploaded_under_sudo_never_sits_in_a_file_others_can_read(sudo_
 def test_the_sudo_flag_takes_the_same_private_path_as_the_inventorys_sudo(sudo_user, tmp_path):
     """`pyinfra --sudo` sets pyinfra's config, not the host's `_sudo` data: the toolkit's private upload reads the
     effective privilege (deploys/ops.py uses_sudo). Read from the data alone, the upload went straight to the
-    destination as the SSH user and failed (permission denied)."""
+    destination as the SSH user and failed (permission denied). The flag counts only where no data sets `_sudo`
+    (pyinfra's rule: the sandbox's hosts say False, the lab's group data True): a copy of the inventory and its
+    group data without either."""
     import secrets as pysecrets
+    import shutil
 
+    from tests.node.conftest import INVENTORY as repo_inventory
+
+    group_data = tmp_path / "group_data"
+    shutil.copytree("inventories/group_data", group_data)
+    lab_all = (group_data / "all.py").read_text()
+    assert "\n_sudo = True\n" in lab_all
+    (group_data / "all.py").write_text(lab_all.replace("\n_sudo = True\n", "\n"))
+    text = open(repo_inventory).read()
+    assert '        "_sudo": False,\n' in text
+    inventory = tmp_path / "sandbox.py"
+    inventory.write_text(text.replace('        "_sudo": False,\n', ""))
     token = f"sandbox-upload-secret-{pysecrets.token_hex(8)}"
     src = tmp_path / "token"
     src.write_text(token)
     dest = "/etc/inference-nodes/secrets/test-upload-secret-flag"
     try:
         root, nobody = _upload_watched(tmp_path, "deploys.ops.secret_file", f"src={src}", f"dest={dest}",
-                                       sudo=("--sudo",))
+                                       sudo=("--sudo",), inventory=str(inventory))
         assert [p for p in root["seen"] if p.startswith("/tmp/inference-nodes-upload-")], root
         assert nobody["read"] == [], "another local user read the secret during the upload"
         assert _ok(f"stat -c '%U %a' {dest}").strip() == "root 600" and _ok(f"cat {dest}") == token
