@@ -4,10 +4,9 @@ from pyinfra import config
 
 config.REQUIRE_PYINFRA_VERSION = "==3.10.0"
 
-# Validate the inventory before pyinfra connects to any host (deploys/validate.py): a bad value is
-# reported even when every host is unreachable.
-from pyinfra.context import ctx_state  # noqa: E402
+# Before pyinfra loads the inventory or connects to any host (deploys/validate.py): `--limit` resolved as every
+# entry point resolves it (a limit that selects nothing is an error), and the inventory validated: a bad value is
+# reported even when every host is unreachable; ad-hoc `exec`/`fact` only warn.
+from deploys.validate import check_cli_run  # noqa: E402
 
-from deploys.validate import validate_before_connect  # noqa: E402
-
-validate_before_connect(ctx_state.get())
+check_cli_run()

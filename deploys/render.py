@@ -1,6 +1,6 @@
 """See what a deploy would install, without connecting: every file the components write, per host.
 
-    python -m deploys.render INVENTORY OUTDIR [--limit NAME] [--distro ubuntu2404]
+    python -m deploys.render INVENTORY OUTDIR [--limit HOST_GROUP_OR_CLUSTER ...] [--distro ubuntu2404]
 
 writes `OUTDIR/<host>/<absolute path on the node>` for the units, env files, limits, apt pins and
 sources, registries, the model gate and the fabric env, from the same renderers the deploys use.
@@ -16,7 +16,7 @@ import os
 import sys
 
 from deploys import apt_state, container_runtime, host_tuning, inference_service, model_integrity, model_snapshot, nvidia_driver
-from deploys.inventory import load_inventory
+from deploys.inventory import LimitError, limited_hosts, load_inventory
 from deploys.schema import InventoryValidationError, NodeConfig, cluster_of, validate_inventory
 
 
@@ -50,16 +50,16 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: li
     return out
 
 
-def render_inventory(inventory_file: str, out_dir: str, limit: str | None = None,
+def render_inventory(inventory_file: str, out_dir: str, limit: list[str] | tuple[str, ...] = (),
                      distro: str = "ubuntu2404") -> list[str]:
+    """Render the files of the hosts ``limit`` selects (deploys/inventory.py hosts_matching; all when empty)."""
     inventory = load_inventory(inventory_file)
-    limited = [h for h in inventory if limit in (h.name, h.data.get("cluster_name"))] if limit else None
+    limited = limited_hosts(inventory, limit)
     configs = validate_inventory(inventory, limited)  # every host first (C's profile gaps only outside --limit)
-    if limit and limit not in configs and limit not in {cfg.cluster_name for cfg in configs.values()}:
-        raise SystemExit(f"--limit {limit}: no such host or cluster in {inventory_file}")
+    selected = set(configs) if limited is None else {h.name for h in limited}
     written = []
     for name, cfg in configs.items():
-        if limit and limit not in (name, cfg.cluster_name):
+        if name not in selected:
             continue
         cluster = cluster_of(configs, name)
         for path, text in host_files(cfg, cluster.head, cluster.size, cluster.members, distro).items():
@@ -86,12 +86,13 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploys.render", description=__doc__.split("\n\n")[0])
     parser.add_argument("inventory")
     parser.add_argument("out_dir")
-    parser.add_argument("--limit", help="one host or cluster_name")
+    parser.add_argument("--limit", action="append", default=[],
+                        help="a host, group or cluster (host names match as globs; repeatable), as the deploy's --limit")
     parser.add_argument("--distro", default="ubuntu2404", help="the nodes' distribution for NVIDIA's repo path")
     args = parser.parse_args(argv)
     try:
         written = render_inventory(args.inventory, args.out_dir, args.limit, args.distro)
-    except InventoryValidationError as e:
+    except (LimitError, InventoryValidationError) as e:
         print(e, file=sys.stderr)
         return 1
     for path in written:

@@ -21,3 +21,8 @@ gb10_mtp = [
     ("spark-c0.lab.example", {"ssh_hostname": "192.0.2.30", "node_rank": 0, "fabric_address": "198.51.100.30"}),
     ("spark-c1.lab.example", {"ssh_hostname": "192.0.2.31", "node_rank": 1, "fabric_address": "198.51.100.31"}),
 ]
+
+# Each cluster is also a pyinfra group under its cluster_name: `--limit gb10-dspark` selects the cluster's members.
+from deploys.inventory import with_cluster_groups  # noqa: E402
+
+with_cluster_groups(globals())

@@ -62,3 +62,8 @@ gb10_dspark = [
           vllm_args=_CPU_VLLM_ARGS, vllm_speculative_config=None, gate_long_context_tokens=_B_LONG_CONTEXT,
           **_manifest(_B)),
 ]
+
+# Each cluster is also a pyinfra group under its cluster_name: `--limit gb10-dspark` selects the cluster's members.
+from deploys.inventory import with_cluster_groups  # noqa: E402
+
+with_cluster_groups(globals())

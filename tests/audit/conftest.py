@@ -1,7 +1,7 @@
 """Audit fixtures: hosts and expected values come from the same inventory and schema the deploys use.
 
     pytest tests/audit                                        # state only (inventories/lab.py): read-only
-    pytest tests/audit --inventory inventories/sandbox.py [--limit GROUP_OR_HOST_GLOB] [-m serving]
+    pytest tests/audit --inventory inventories/sandbox.py [--limit HOST_GROUP_OR_CLUSTER] [-m serving]
     pytest tests/audit --junitxml audit.xml -rf               # JUnit XML; one line per failed promise
     pytest tests/audit --full-verify                          # + re-hash every model file now (slow)
     pytest tests/audit -m serving                             # + a short smoke on each head (one request of each kind)
@@ -20,15 +20,15 @@ key checking follows the inventory (strict in inventories/lab.py).
 
 from __future__ import annotations
 
-import fnmatch
+import functools
 import os
 from dataclasses import dataclass
 
 import pytest
 import testinfra
 
-from deploys.inventory import inventory_configs, load_inventory, ssh_options
-from deploys.schema import NodeConfig
+from deploys.inventory import LimitError, limited_hosts, load_inventory, ssh_options
+from deploys.schema import NodeConfig, validate_inventory
 
 DEFAULT_INVENTORY = os.environ.get("AUDIT_INVENTORY", "inventories/lab.py")
 
@@ -37,7 +37,7 @@ def pytest_addoption(parser):
     parser.addoption("--inventory", default=DEFAULT_INVENTORY,
                      help="pyinfra inventory whose hosts are audited (default: $AUDIT_INVENTORY or inventories/lab.py)")
     parser.addoption("--limit", action="append", default=[],
-                     help="a group name or a host-name glob, as pyinfra's --limit (repeatable)")
+                     help="a host, group or cluster name or a host-name glob, as the deploy's --limit (repeatable)")
     parser.addoption("--full-verify", action="store_true",
                      help="also re-hash every model file against the manifest on each node (slow; writes nothing)")
     parser.addoption("--qualify", action="store_true",
@@ -71,26 +71,33 @@ def _ssh_config_block(name: str, data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_nodes(inventory_file: str, limits: list[str]) -> list[tuple[str, NodeConfig, dict]]:
-    """(name, typed config, host data) of every host the limits select (all when none)."""
+@functools.cache
+def audited_inventory(inventory_file: str, limits: tuple[str, ...]) -> tuple[dict[str, NodeConfig], dict[str, dict], list[str]]:
+    """(typed config and host data of every host validated, the names the limits select), the limits resolved as
+    the deploy resolves its --limit (deploys/inventory.py hosts_matching): a limit that selects nothing is an
+    error, never a green audit of nothing; profile gaps outside the limit's clusters are left out as the deploy
+    leaves them."""
     from deploys.schema import InventoryValidationError
 
     inventory = load_inventory(inventory_file)
     try:
-        configs = inventory_configs(inventory)
-    except InventoryValidationError as e:  # the problems, naming host and key; never a traceback
+        limit = limited_hosts(inventory, limits)
+        configs = validate_inventory(inventory, limit)
+    except (LimitError, InventoryValidationError) as e:  # the problems, naming host and key; never a traceback
         raise pytest.UsageError(str(e)) from None
-    selected = []
-    for h in inventory:
-        if limits and not any(lim in h.groups or fnmatch.fnmatch(h.name, lim) for lim in limits):
-            continue
-        selected.append((h.name, configs[h.name], h.data.dict()))
-    return selected
+    selected = [h.name for h in (inventory if limit is None else limit)]
+    return configs, {h.name: h.data.dict() for h in inventory if h.name in configs}, selected
+
+
+def load_nodes(inventory_file: str, limits: tuple[str, ...]) -> list[tuple[str, NodeConfig, dict]]:
+    """(name, typed config, host data) of every host the limits select (all when none)."""
+    configs, data, selected = audited_inventory(inventory_file, limits)
+    return [(name, configs[name], data[name]) for name in selected]
 
 
 def pytest_generate_tests(metafunc):
     if "node_spec" in metafunc.fixturenames:
-        nodes = load_nodes(metafunc.config.getoption("inventory"), metafunc.config.getoption("limit"))
+        nodes = load_nodes(metafunc.config.getoption("inventory"), tuple(metafunc.config.getoption("limit")))
         if "head_only" in metafunc.fixturenames:  # the serving gate runs against each cluster's head
             nodes = [n for n in nodes if n[1].node_rank == 0]
         metafunc.parametrize("node_spec", nodes, ids=[n[0] for n in nodes], scope="module")
@@ -105,7 +112,7 @@ def head_only():
 def ssh_config(tmp_path_factory, pytestconfig) -> str:
     os.makedirs(os.path.expanduser("~/.ssh"), mode=0o700, exist_ok=True)
     path = tmp_path_factory.mktemp("audit") / "ssh_config"
-    nodes = load_nodes(pytestconfig.getoption("inventory"), [])
+    nodes = load_nodes(pytestconfig.getoption("inventory"), tuple(pytestconfig.getoption("limit")))
     path.write_text("".join(_ssh_config_block(name, data) for name, _, data in nodes if not name.startswith("@")))
     return str(path)
 
@@ -127,7 +134,8 @@ def cluster_members(ssh_config, pytestconfig):
     """node -> every node of its cluster (limits aside), in restart order: workers before the head."""
     from deploys.serving_gate import restart_order
 
-    specs = {name: (cfg, data) for name, cfg, data in load_nodes(pytestconfig.getoption("inventory"), [])}
+    configs, data, _ = audited_inventory(pytestconfig.getoption("inventory"), tuple(pytestconfig.getoption("limit")))
+    specs = {name: (cfg, data[name]) for name, cfg in configs.items()}
 
     def members(node: Node) -> list[Node]:
         same = [(n, c) for n, (c, _) in specs.items() if c.cluster_name == node.cfg.cluster_name]

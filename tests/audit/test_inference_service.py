@@ -20,24 +20,28 @@ from deploys.inference_service import (
     service_environment,
     started_from_path,
 )
-from deploys.inventory import inventory_configs, load_inventory
 from deploys.model_snapshot import STAMP
 from deploys.schema import cluster_head, clusters
+from tests.audit.conftest import audited_inventory
 
 
-def _expected_unit(node, inventory_file) -> str:
-    return render_cluster(inventory_configs(load_inventory(inventory_file)))[node.name]
+def _configs(pytestconfig):
+    return audited_inventory(pytestconfig.getoption("inventory"), tuple(pytestconfig.getoption("limit")))[0]
+
+
+def _expected_unit(node, pytestconfig) -> str:
+    return render_cluster(_configs(pytestconfig))[node.name]
 
 
 def _cluster(node, pytestconfig):
-    members = clusters(inventory_configs(load_inventory(pytestconfig.getoption("inventory"))))[node.cfg.cluster_name]
+    members = clusters(_configs(pytestconfig))[node.cfg.cluster_name]
     return cluster_head(members), len(members)
 
 
 def test_unit_installed_as_rendered(node, pytestconfig):
     f = node.host.file(f"{UNIT_DIR}/{node.cfg.container_name}.container")
     assert f.is_file and f.user == "root" and f.mode == 0o644
-    assert f.content_string == _expected_unit(node, pytestconfig.getoption("inventory"))
+    assert f.content_string == _expected_unit(node, pytestconfig)
 
 
 def test_service_environment_only_in_a_root_only_file(node, pytestconfig):
@@ -57,7 +61,7 @@ def test_serves_the_release_the_inventory_asks_for(node, head_only, pytestconfig
     """The release the head last passed the serving gate with (recorded by the converge) is the one the inventory
     asks for: the image, the model commit and manifest, the unit and its environment."""
     head, nodes = _cluster(node, pytestconfig)
-    wanted = release_of(node.cfg, fingerprint(_expected_unit(node, pytestconfig.getoption("inventory")), node.cfg, head, nodes))
+    wanted = release_of(node.cfg, fingerprint(_expected_unit(node, pytestconfig), node.cfg, head, nodes))
     record = node.host.file(gate_record_path(node.cfg))
     assert record.is_file, (f"{node.name}: no serving gate has passed since a converge last (re)started "
                             f"{node.cfg.container_name}.service ({record.path} is missing)")
@@ -98,7 +102,7 @@ def test_api_listens_where_the_inventory_says_and_nowhere_else(node, pytestconfi
 def test_running_container_is_the_rendered_one(node, pytestconfig):
     """What runs, not only what is on disk: a unit edited by hand and applied differs here until a converge."""
     head, nodes = _cluster(node, pytestconfig)
-    unit = _expected_unit(node, pytestconfig.getoption("inventory"))
+    unit = _expected_unit(node, pytestconfig)
     started = node.host.run(f"cat {started_from_path(node.cfg)}").stdout.split()
     assert started[:1] == [fingerprint(unit, node.cfg, head, nodes)], \
         "the service was started from another unit or env file"

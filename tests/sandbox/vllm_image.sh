@@ -9,7 +9,9 @@
 #               the sandbox registry under every profile's image name (one manifest digest for all three),
 #               then pulled from there into
 #   3. store    $VLLM_CACHE/vllm-store-<key>/         a containers/storage root (overlay) holding the image
-#               under every profile's full name with the registry's digest; every node binds it READ-ONLY
+#               under every profile's full name, pulled by the index digest (multi-arch shaped: an index naming the
+#               one platform manifest; the inventory pins the index, `digest`; `platform-digest` is podman's
+#               .Digest); every node binds it READ-ONLY
 #               and its Podman lists it in additionalimagestores: no 6 GB copy per node, and
 #               `podman image inspect NAME@DIGEST` finds it, so the deploy sees it present and pulls nothing.
 #               The registry holds the same digest: a node without the store pulls it (the deploy's pull path).
@@ -29,7 +31,8 @@ VLLM_SERVE_SH=$VLLM_HERE/vllm_serve_ds4_flash.sh
 VLLM_NAMES="registry.home.arpa/vllm:deepseek-v4 ghcr.io/anemll/dspark-vllm-gx10:0.1.1 docker.io/aidendle94/sparkrun-vllm-ds4-gb10:latest"
 VLLM_ENV="VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind HF_HUB_OFFLINE=1 PATH=/opt/vllm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 VLLM_BASE_KEY=$({ echo "$VLLM_RECIPE $VLLM_SUITE $VLLM_BASE_PKGS $VLLM_PIP"; cat "$VLLM_REQS"; } | sha256sum | cut -c1-12)
-VLLM_KEY=$({ echo "$VLLM_BASE_KEY $VLLM_NAMES $VLLM_ENV"; cat "$VLLM_SERVE_SH"; } | sha256sum | cut -c1-12)
+VLLM_FORMAT=index1   # the store's layout: the image under an index (the pin is the index digest)
+VLLM_KEY=$({ echo "$VLLM_BASE_KEY $VLLM_NAMES $VLLM_ENV $VLLM_FORMAT"; cat "$VLLM_SERVE_SH"; } | sha256sum | cut -c1-12)
 VLLM_ROOTFS=$VLLM_CACHE/vllm-rootfs-$VLLM_BASE_KEY
 VLLM_STORE=$VLLM_CACHE/vllm-store-$VLLM_KEY
 VLLM_NODE_STORE=/var/lib/sandbox-image-store   # where nodes see the store (read-only)
@@ -106,13 +109,26 @@ vllm_store() {
         cat /tmp/digest; echo; done | sort -u > /tmp/digests
       [ \$(wc -l < /tmp/digests) = 1 ] || { echo 'the three pushes gave different digests' >&2; exit 1; }
       d=\$(cat /tmp/digests)
+      # a multi-arch-shaped image: an index naming the one platform manifest, pushed under every name; the
+      # inventory pins the index digest, as a lab pins a registry's tag (podman's .Digest stays the platform's)
+      podman manifest create localhost/vllm-index:$VLLM_KEY >/dev/null
+      podman manifest add --tls-verify=false localhost/vllm-index:$VLLM_KEY docker://$REGISTRY_ADDR/vllm@\$d >/dev/null
+      for ref in vllm:deepseek-v4 anemll/dspark-vllm-gx10:0.1.1 aidendle94/sparkrun-vllm-ds4-gb10:latest; do
+        podman manifest push -q --tls-verify=false --digestfile /tmp/idx localhost/vllm-index:$VLLM_KEY \
+          docker://$REGISTRY_ADDR/\$ref
+        cat /tmp/idx; echo; done | sort -u > /tmp/indexes
+      [ \$(wc -l < /tmp/indexes) = 1 ] || { echo 'the three index pushes gave different digests' >&2; exit 1; }
+      i=\$(cat /tmp/indexes)
       S='podman --root /store --runroot /run/store --storage-driver overlay'
-      \$S pull -q --tls-verify=false $REGISTRY_ADDR/vllm@\$d >/dev/null
-      for n in $VLLM_NAMES; do \$S tag $REGISTRY_ADDR/vllm@\$d \$n; done
-      \$S untag $REGISTRY_ADDR/vllm@\$d $REGISTRY_ADDR/vllm 2>/dev/null || true
+      \$S pull -q --tls-verify=false $REGISTRY_ADDR/vllm@\$i >/dev/null
+      for n in $VLLM_NAMES; do \$S tag $REGISTRY_ADDR/vllm@\$i \$n; done
+      \$S untag $REGISTRY_ADDR/vllm@\$i $REGISTRY_ADDR/vllm 2>/dev/null || true
       for n in $VLLM_NAMES; do
-        [ \"\$(\$S image inspect --format '{{.Digest}}' \$n@\$d)\" = \$d ] || { echo \"\$n@\$d not in the store\" >&2; exit 1; }; done
-      echo \$d > /store/digest"
+        [ \"\$(\$S image inspect --format '{{.Digest}}' \$n)\" = \$d ] || { echo \"\$n is not \$d in the store\" >&2; exit 1; }
+        \$S image inspect --format '{{range .RepoDigests}}{{.}} {{end}}' \$n | grep -q \"@\$i\" \
+          || { echo \"\$n does not answer to the index \$i in the store\" >&2; exit 1; }; done
+      echo \$d > /store/platform-digest
+      echo \$i > /store/digest"
   rm -rf "$b" "$ctx"
   mv "$s" "$VLLM_STORE"
   log "vLLM image store built in $((SECONDS - t0)) s: $(du -sh "$VLLM_STORE" | cut -f1), digest $(cat "$VLLM_STORE/digest")"
@@ -121,9 +137,10 @@ vllm_store() {
 # The registry must hold the store's digest (a fresh $SANDBOX_DIR with a shared cache, or a wiped registry):
 # push it from the store; the digest must come out the same (else the inventory's pin would not match).
 vllm_registry() {
-  local d; d=$(cat "$VLLM_STORE/digest")
-  curl -sf -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' \
-    "http://$REGISTRY_ADDR/v2/aidendle94/sparkrun-vllm-ds4-gb10/manifests/$d" && return
+  local d i; d=$(cat "$VLLM_STORE/platform-digest"); i=$(cat "$VLLM_STORE/digest")
+  curl -sf -o /dev/null -H 'Accept: application/vnd.oci.image.index.v1+json' \
+    -H 'Accept: application/vnd.docker.distribution.manifest.list.v2+json' \
+    "http://$REGISTRY_ADDR/v2/aidendle94/sparkrun-vllm-ds4-gb10/manifests/$i" && return
   local b=$VLLM_CACHE/vllm-pusher.tmp
   rm -rf "$b"; mkdir -p "$b"; tar -C "$b" -xf "$TAR"
   log "pushing the vLLM image from the store to $REGISTRY_ADDR"
@@ -132,7 +149,12 @@ vllm_registry() {
     for ref in vllm:deepseek-v4 anemll/dspark-vllm-gx10:0.1.1 aidendle94/sparkrun-vllm-ds4-gb10:latest; do
       \$S push -q --tls-verify=false --compression-format zstd --digestfile /tmp/digest \
         registry.home.arpa/vllm:deepseek-v4 $REGISTRY_ADDR/\$ref
-      [ \"\$(cat /tmp/digest)\" = $d ] || { echo \"pushed \$ref as \$(cat /tmp/digest), not $d\" >&2; exit 1; }; done"
+      [ \"\$(cat /tmp/digest)\" = $d ] || { echo \"pushed \$ref as \$(cat /tmp/digest), not $d\" >&2; exit 1; }; done
+    podman manifest create localhost/vllm-index >/dev/null
+    podman manifest add --tls-verify=false localhost/vllm-index docker://$REGISTRY_ADDR/vllm@$d >/dev/null
+    for ref in vllm:deepseek-v4 anemll/dspark-vllm-gx10:0.1.1 aidendle94/sparkrun-vllm-ds4-gb10:latest; do
+      podman manifest push -q --tls-verify=false --digestfile /tmp/idx localhost/vllm-index docker://$REGISTRY_ADDR/\$ref
+      [ \"\$(cat /tmp/idx)\" = $i ] || { echo \"pushed the index of \$ref as \$(cat /tmp/idx), not $i\" >&2; exit 1; }; done"
   rm -rf "$b"
 }
 
