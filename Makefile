@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SANDBOX_INVENTORY := inventories/sandbox.py
 NODE_SH := tests/sandbox/node.sh
 
-.PHONY: venv sandbox-deps test unit demo demo-down readme-keys
+.PHONY: venv sandbox-deps test unit demo demo-down readme-keys docs-keys
 
 $(BIN)/pyinfra: pyproject.toml
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
@@ -44,5 +44,6 @@ demo: venv sandbox-deps
 demo-down:
 	$(NODE_SH) down-all
 
-readme-keys: venv
-	$(BIN)/python -m deploys.schema --update-readme README.md
+# The inventory key table of docs/inventory-keys.md, regenerated from deploys/schema/ (docs-keys: the same).
+readme-keys docs-keys: venv
+	$(BIN)/python -m deploys.schema --update-docs docs/inventory-keys.md

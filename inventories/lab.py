@@ -1,7 +1,7 @@
 """The lab: the three reference deployments of ../shared/REFERENCE.md, one group each.
 
 A group is one serving cluster; its profile lives in group_data/<group>.py, per-host values (rank,
-fabric address, how to reach it) here. Adding a node is one entry in its group (README "Adding a node").
+fabric address, how to reach it) here. Adding a node is one entry in its group (docs/operations.md, "Add a node").
 Addresses are documentation addresses (RFC 5737): replace them with your hosts'.
 """
 

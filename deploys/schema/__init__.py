@@ -9,13 +9,14 @@ Keys are flat, component-prefixed pyinfra data keys (the pyinfra / Ansible-role 
 - one module per component, each holding its ``*Keys`` class and that component's own rules: ``cluster``,
   ``model``, ``image``, ``container`` (the container and the service it runs), ``host_tuning``,
   ``nvidia_driver``, ``container_runtime``, ``package_manager``, ``gate`` (the serving gate's qualification checks). **A new key goes into its component's module**; then
-  regenerate the README table (``python -m deploys.schema --update-readme README.md``).
+  regenerate the key table of docs/inventory-keys.md (``make readme-keys``:
+  ``python -m deploys.schema --update-docs docs/inventory-keys.md``).
 - ``node``: :class:`NodeConfig` (the union of the components), rules between components, derived values.
 - ``problems``: :class:`Problem`, pydantic's errors as sentences, secrets never shown.
 - ``control_files``: the manifest and secret files on the control node, checked once the keys parse.
 - ``parse``: one host's data -> ``NodeConfig`` or its problems.
 - ``cross_host``: clusters (members, head, size), rules across hosts, :func:`validate_inventory`.
-- ``readme`` (and ``__main__``): the README's key table.
+- ``readme`` (and ``__main__``): the key table of docs/inventory-keys.md.
 
 Every public name is importable from ``deploys.schema``.
 """
@@ -61,10 +62,11 @@ from deploys.schema.nvidia_driver import NvidiaDriverKeys
 from deploys.schema.package_manager import PackageManagerKeys
 from deploys.schema.parse import PYINFRA_KEYS, parse_node, schema_data
 from deploys.schema.problems import HIDDEN, InventoryValidationError, KeyRuleError, Problem, looks_secret, shown_value
-from deploys.schema.readme import README_END, README_START, markdown_table, readme_with_table
+from deploys.schema.readme import KEYS_PAGE, README_END, README_START, markdown_table, readme_with_table
 
 __all__ = [
-    "COMPONENT_KEYS", "DERIVED_VLLM_FLAGS", "DIGEST", "HEX40", "HIDDEN", "PYINFRA_KEYS", "README_END", "README_START",
+    "COMPONENT_KEYS", "DERIVED_VLLM_FLAGS", "DIGEST", "HEX40", "HIDDEN", "KEYS_PAGE", "PYINFRA_KEYS", "README_END",
+    "README_START",
     "RESERVED_UNIT_NAMES", "RESERVED_UNIT_PREFIXES", "SECRET_FILE_KEYS", "SECRET_NAME", "SECRET_VLLM_FLAGS",
     "SYSTEM_DIRS", "AbsPath", "Cluster", "ClusterKeys", "ComponentKeys", "ContainerKeys", "ContainerRuntimeKeys",
     "EnvMap", "GateKeys", "HostTuningKeys", "ImageKeys", "InventoryValidationError", "KeyRuleError", "ModelKeys", "NodeConfig",

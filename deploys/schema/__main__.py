@@ -1,4 +1,5 @@
-"""`python -m deploys.schema [--update-readme README.md]`: the README key table (deploys/schema/readme.py)."""
+"""`python -m deploys.schema [--update-docs docs/inventory-keys.md]`: the inventory key table of
+docs/inventory-keys.md (deploys/schema/readme.py)."""
 
 import sys
 

@@ -25,7 +25,7 @@ DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 SYSTEM_DIRS = frozenset({"/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/var", "/run", "/boot", "/root"})
 
 # --------------------------------------------------------------------------------------------------
-# Path kinds: what each path-valued key may name (see ``PathKind`` and the README's key table)
+# Path kinds: what each path-valued key may name (see ``PathKind`` and the key table of docs/inventory-keys.md)
 
 # Trees a directory the toolkit creates, chmods, mounts writable or deletes from is never in (nor above):
 # the system's own files, the package managers' and container engines' state, world-writable temp trees (any
@@ -98,7 +98,7 @@ def _holds_bool(value: Any) -> bool:
 
 
 def _key(default: Any = ..., description: str = "", **kw: Any) -> Any:
-    """A schema key: its default and the one-line meaning shown in the README table."""
+    """A schema key: its default and the one-line meaning shown in the key table (docs/inventory-keys.md)."""
     if not description:
         raise TypeError("every key needs a description")
     return Field(default, description=description, **kw)
@@ -145,7 +145,7 @@ def owned_dir_problem(path: str, trees: tuple[str, ...] = FORBIDDEN_TREES) -> st
 
 class PathKind:
     """What a path-valued key may name. Each key's kind is in its type (``Annotated[str, kind]``), so the
-    rule is checked where the key parses and shown in the README's key table (``rule``)."""
+    rule is checked where the key parses and shown in the key table of docs/inventory-keys.md (``rule``)."""
 
     def __init__(self, name: str, rule: str, check=None):
         self.name, self.rule, self._check = name, rule, check

@@ -161,7 +161,7 @@ def _union_field(model: type[BaseModel], key: str) -> bool:
 def _unknown_key(key: str, known: list[str]) -> str:
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
     hint = f"did you mean '{close[0]}'?" if close else "a typo?"
-    return f"no such key ({hint} see the README's key table; pyinfra's own keys are its connectors' and global arguments')"
+    return f"no such key ({hint} see docs/inventory-keys.md; pyinfra's own keys are its connectors' and global arguments')"
 
 
 def _describe(model: type[BaseModel], key: str) -> str:

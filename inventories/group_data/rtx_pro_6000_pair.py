@@ -36,7 +36,7 @@ api_port = 8000
 # it on loopback by default; for that topology put an authenticating reverse proxy on the host and say so, e.g.
 #   api_bind_address = "10.10.10.1"   # the address the proxy forwards to (or keep 127.0.0.1 and proxy locally)
 #   api_protected_by = "nginx on compute.home.arpa:8000 with client certificates"
-# (validation refuses a non-loopback api_bind_address without api_protected_by). README "Inference service".
+# (validation refuses a non-loopback api_bind_address without api_protected_by). docs/inference-service.md.
 
 # The script's contract also has PORT, SERVED_MODEL_NAME, TP_SIZE and MODEL_PATH (the write-up's 8000,
 # grandpa, 2, /models/snapshots/<commit>): the unit derives them from api_port, served_model_name,
