@@ -2,7 +2,7 @@
 
 Seed 003 names neither a model commit nor an image tag or digest, and the toolkit does not invent them:
 they are `profile_gaps`, and every deploy of C is refused, naming them, until they are set here (or per host)
-to what you verified. The rest of the lab deploys with `--limit rtx_pro_6000_pair,gb10_dspark` meanwhile
+to what you verified. The rest of the lab deploys with `--limit rtx_pro_6000_pair --limit gb10_dspark` meanwhile
 (docs/operations.md, "Profile C: what the write-up leaves open").
 Driver: the 580 branch (590 leaked unified memory and deadlocked CUDA graphs on GB10).
 """

@@ -63,3 +63,24 @@ def test_toolkit_1_19_spec_without_additional_gids_unless_asked(sandbox):
     assert on_node(node, "dpkg-query -W -f='${Version}' nvidia-ctk nvidia-container-toolkit 2>/dev/null").stdout.endswith("1.18.2-1")
     assert "additionalGids" not in on_node(node, f"cat {SPEC}").stdout
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
+
+
+def test_an_image_pinned_by_its_index_digest_is_present_without_a_pull(sandbox):
+    """The sandbox registry serves the vLLM image under an index (multi-arch shaped), and the inventory pins the
+    index digest, as a lab pins what a registry's tag points at. Podman's `.Digest` is the platform manifest's
+    (containers/podman#24858); the deploy finds the image by its repo digests, so the converges before this test
+    pulled nothing and changed nothing (test_10's second run), and the audit finds it by the pinned digest."""
+    from deploys.inventory import inventory_configs, load_inventory
+
+    configs = inventory_configs(load_inventory(INVENTORY))
+    store = os.path.join(os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox"), "registry", "digest")
+    for node in sandbox:
+        cfg = configs[node]
+        assert cfg.image_digest == open(store).read().strip()
+        own = on_node(node, f"podman image inspect --format '{{{{.Digest}}}}' {cfg.image_ref}")
+        assert own.returncode == 0 and own.stdout.strip().startswith("sha256:"), own.stderr
+        assert own.stdout.strip() != cfg.image_digest, "the sandbox image is not under an index: the test shows nothing"
+        repo = on_node(node, f"podman image inspect --format '{{{{range .RepoDigests}}}}{{{{.}}}} {{{{end}}}}' {cfg.image_ref}")
+        assert f"@{cfg.image_digest}" in repo.stdout, repo.stdout
+    proc = pyinfra("--json", INVENTORY, "deploys.container_runtime.container_runtime", "--limit", sandbox[0])
+    assert changed_operations(proc) == [], proc.stderr[-2000:]
