@@ -32,6 +32,7 @@ from deploys.ops import (
     follow_up_stamp,
     keyring_verified,
     secret_file,
+    shown,
 )
 from deploys.schema import ContainerRuntimeKeys, NodeConfig
 from facts.apt import AptHolds, KeyringFingerprints
@@ -169,11 +170,11 @@ def image_present(image: str, digest: str | None, authfile: str | None = None):
     if not digest and present:
         host.noop(f"{image} present (unpinned: allow_unpinned_image)")
         return
-    logger.info(f"{host.name}: pulling {ref} (large images take minutes; podman prints progress with -vvv)")
+    logger.info(f"{host.name}: pulling {ref} (large images take minutes; podman names each layer as it copies it)")
     args = ["podman", "pull"]
     if authfile:
         args += ["--authfile", QuoteString(authfile)]
-    yield StringCommand(*args, QuoteString(ref))
+    yield shown(StringCommand(*args, QuoteString(ref)))
     if digest:
         yield FunctionCommand(_check_digest_after_pull, (ref, digest), {})
 

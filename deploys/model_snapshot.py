@@ -23,7 +23,7 @@ from deploys import model_fanout, model_hub, model_push
 from deploys.apt_state import APT_READS, apt_lists_updated
 from deploys.fact_cache import expect
 from deploys.inventory import cluster_member_names, node_config
-from deploys.ops import atomic_put, cluster_all_here, fail_host, refuse, secret_file
+from deploys.ops import PROGRESS_EVERY_S, atomic_put, cluster_all_here, fail_host, refuse, secret_file, shown
 from deploys.run_state import this_run
 from deploys.schema import NodeConfig
 from facts.host import FreeBytes, ManagedFiles, NodeResources
@@ -158,12 +158,14 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
         # orphaned partial downloads are never resumed by huggingface_hub: clear them first
         yield StringCommand("find", QuoteString(dest_dir), "-name", "'*.incomplete'", "-type", "f", "-delete")
         token = HUB_TOKEN if cfg.model_hub_token_file else ""
-        yield StringCommand(f"{cfg.model_hub_venv}/bin/python", HUB_DOWNLOAD, QuoteString(cfg.model_repo),
-                            cfg.model_revision, cfg.model_layout, QuoteString(cfg.hub_download_dir),
-                            QuoteString(cfg.model_hub_endpoint), token)
+        yield shown(StringCommand(f"{cfg.model_hub_venv}/bin/python", HUB_DOWNLOAD, "--expect-bytes", str(needed),
+                                  "--every", str(PROGRESS_EVERY_S), QuoteString(cfg.model_repo), cfg.model_revision,
+                                  cfg.model_layout, QuoteString(cfg.hub_download_dir),
+                                  QuoteString(cfg.model_hub_endpoint), token))
     rate = node_config().model_deep_verify_max_mbps
-    yield StringCommand("python3", VERIFIER, MANIFEST, QuoteString(snapshot_dir), "--stamp", STAMP, "--full",
-                        "--record", RECORD, *(["--max-rate", str(rate)] if rate else []))
+    yield shown(StringCommand("python3", VERIFIER, MANIFEST, QuoteString(snapshot_dir), "--stamp", STAMP, "--full",
+                              "--record", RECORD, "--every", str(PROGRESS_EVERY_S),
+                              *(["--max-rate", str(rate)] if rate else [])))
 
 
 PERIOD_DAYS = {"daily": 1, "weekly": 7, "monthly": 31}

@@ -40,6 +40,21 @@ def uses_sudo(host) -> bool:
 _UNSET = object()
 
 
+def shown(command: StringCommand) -> FunctionCommand:
+    """``command`` run with its output shown as it comes, without `-v`: a long step (a model sync, a full
+    re-hash, an image pull) prints its own progress lines instead of minutes of silence. The command's progress
+    lines must be few (the hub download and the verifier print at most every PROGRESS_EVERY_S seconds)."""
+    return FunctionCommand(_shown, (command,), {})
+
+
+PROGRESS_EVERY_S = 30  # how often a long step's progress line comes
+
+
+def _shown(state, host, command: StringCommand) -> bool:
+    ok, _ = host.run_shell_command(command, print_output=True, **({"_sudo": True} if uses_sudo(host) else {}))
+    return ok
+
+
 def fail_host(message: str) -> FunctionCommand:
     """A command that fails this host alone, with ``message``: the one way an operation fails a host (yield it;
     ``refuse`` at deploy level). Raising in an operation aborts every host."""

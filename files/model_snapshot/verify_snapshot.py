@@ -315,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gate", action="store_true", help="stamp check only (service start precondition)")
     ap.add_argument("--record", help="file the verdict of a full re-hash is written to (any verdict)")
     ap.add_argument("--jobs", type=int)
+    ap.add_argument("--every", type=float, default=2.0, metavar="S", help="a progress line at most every S seconds")
     ap.add_argument("--max-rate", type=float, metavar="MB_S", help="cap the read rate (MB/s, all threads)")
     ap.add_argument("--drop-cold", action="store_true", help="drop files that were not cached once hashed")
     ap.add_argument("--stop-service", metavar="UNIT", help="on a bad verdict, `systemctl stop UNIT`")
@@ -349,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def progress(rel, done, total):
             now = time.monotonic()
-            if not args.quiet and (now - last[0] > 2 or done == total):
+            if not args.quiet and (now - last[0] > args.every or done == total):
                 last[0] = now
                 print(f"verify: {done / 1e9:.1f}/{total / 1e9:.1f} GB hashed ({rel})", file=sys.stderr)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
-import urllib.request
 import sys
+import urllib.request
 
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra, wait_serving
 
@@ -54,6 +55,13 @@ def test_converge(sandbox):
     for port in (8101, 8102):  # sandbox-a, sandbox-b0: no wait here, the converge did it
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
             assert r.status == 200
+    # long steps print their progress as they go, without -v: the model's download (bytes, rate) and its full
+    # re-hash, on every node (deploys/ops.py shown); the wait for vLLM names its stage
+    for node in sandbox:
+        assert re.search(rf"\[{node}\] +model sync: [0-9.]+ of [0-9.]+ GB, [0-9.]+ MB/s, [0-9]+ s \(done\)",
+                         proc.stderr), proc.stderr[-3000:]
+        assert re.search(rf"\[{node}\] +verify: [0-9.]+/[0-9.]+ GB hashed", proc.stderr), proc.stderr[-3000:]
+    assert re.search(r"\[sandbox-a\] waiting for grandpa.service: [0-9]+ s, ", proc.stderr), proc.stderr[-3000:]
 
 
 @contextlib.contextmanager
@@ -66,7 +74,8 @@ def connected_state():
     from pyinfra.api.connect import connect_all
 
     groups = {k: v for k, v in runpy.run_path(INVENTORY).items() if not k.startswith("_") and isinstance(v, list)}
-    state = State(Inventory(([h for hosts in groups.values() for h in hosts], {})), Config())
+    hosts = {h[0]: h for members in groups.values() for h in members}  # a cluster's group repeats its group's hosts
+    state = State(Inventory((list(hosts.values()), {})), Config())
     connect_all(state)
     try:
         yield state
