@@ -289,7 +289,7 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str) 
                     "python3", PEER_PULL, QuoteString(url), QuoteString(dest), password, manifest,
                     "--layout", cfg.model_layout, "--snapshot", QuoteString(cfg.snapshot_subdir),
                     "--streams", str(cfg.model_rsync_streams), *(QuoteString(p) for p in sorted(refetch)),
-                ), **sudo)
+                ), print_output=True, **sudo)  # its progress lines as they come (sync_progress.py)
         finally:  # not left behind even if this host fails before the run's stop operation
             host.run_shell_command(StringCommand("rm", "-f", password, ";", "systemctl", "stop", f"{unit}-guard.timer",
                                                  "2>/dev/null", ";", "true"), **sudo)

@@ -18,6 +18,7 @@ from deploys.run_state import kept
 from deploys.schema import NodeConfig
 from files.model_snapshot.peer_pull import balanced, parallel_rsync  # the same streams on both sides
 from files.model_snapshot.snapshot_manifest import inside
+from files.model_snapshot.sync_progress import progress_line
 
 # One lock per control-node download (cache directory, repo, commit), process-wide like the cache on disk (not run
 # state): two hosts, or two runs in one process, never fetch the same snapshot into it at once.
@@ -80,8 +81,14 @@ def push_from_control(state, host, refetch: list[str]) -> bool:
     target = f"{data.get('ssh_hostname') or host.name}:{dest}/"
     extra = ["--rsync-path", "sudo rsync"] if uses_sudo(host) else []
     groups = balanced(paths, sizes, cfg.model_rsync_streams)
+    expect = sum(sizes.values())
+
+    def report(done: int, elapsed: float, final: bool) -> None:
+        host.log_styled(progress_line(done, expect, elapsed, " from the control node") + (" (done)" if final else ""),
+                        log_func=logger.info)
+
     with tempfile.TemporaryDirectory() as tmp:
-        failed = parallel_rsync([*flags, "-e", ssh, *extra], f"{src}/", target, groups, tmp)
+        failed = parallel_rsync([*flags, "-e", ssh, *extra], f"{src}/", target, groups, tmp, report)
     if failed:
         return host_failed(host, f"rsync to {dest} failed: {' | '.join(failed)}")
     host.log_styled(f"pushed {len(refetch)} file(s), {sum(sizes.values())} bytes, in {len(groups)} stream(s)",

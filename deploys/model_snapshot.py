@@ -23,20 +23,22 @@ from deploys import model_fanout, model_hub, model_push
 from deploys.apt_state import APT_READS, apt_lists_updated
 from deploys.fact_cache import expect
 from deploys.inventory import cluster_member_names, node_config
-from deploys.ops import PROGRESS_EVERY_S, atomic_put, cluster_all_here, fail_host, refuse, secret_file, shown
+from deploys.ops import atomic_put, cluster_all_here, fail_host, refuse, secret_file, shown
 from deploys.run_state import this_run
 from deploys.schema import NodeConfig
 from facts.host import FreeBytes, ManagedFiles, NodeResources
 from facts.model import ModelVerification, SeedDaemon
 from files import helper_path
 from files.model_snapshot.snapshot_manifest import OWNER_MARKER, read_manifest
+from files.model_snapshot.sync_progress import PROGRESS_EVERY_S
 
 
 NODE_LIB = "/usr/local/lib/inference-nodes"
 # files/model_snapshot/ modules the verifier is made of, installed side by side in NODE_LIB (run as a file, it
 # imports the others from its own folder); the script last, so a run killed in between never leaves a verifier
 # whose modules are not there yet
-VERIFIER_FILES = ("snapshot_manifest.py", "snapshot_hashing.py", "snapshot_releases.py", "verify_snapshot.py")
+VERIFIER_FILES = ("snapshot_manifest.py", "snapshot_hashing.py", "snapshot_releases.py", "sync_progress.py",
+                  "verify_snapshot.py")  # sync_progress: the hub download's and the peer pull's progress line
 VERIFIER = f"{NODE_LIB}/verify_snapshot.py"
 PRUNER = f"{NODE_LIB}/snapshot_releases.py"  # model commits beyond the kept releases (run by the service deploy)
 MANIFEST = "/etc/inference-nodes/model-manifest.json"
@@ -159,12 +161,12 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
         yield StringCommand("find", QuoteString(dest_dir), "-name", "'*.incomplete'", "-type", "f", "-delete")
         token = HUB_TOKEN if cfg.model_hub_token_file else ""
         yield shown(StringCommand(f"{cfg.model_hub_venv}/bin/python", HUB_DOWNLOAD, "--expect-bytes", str(needed),
-                                  "--every", str(PROGRESS_EVERY_S), QuoteString(cfg.model_repo), cfg.model_revision,
+                                  QuoteString(cfg.model_repo), cfg.model_revision,
                                   cfg.model_layout, QuoteString(cfg.hub_download_dir),
                                   QuoteString(cfg.model_hub_endpoint), token))
     rate = node_config().model_deep_verify_max_mbps
     yield shown(StringCommand("python3", VERIFIER, MANIFEST, QuoteString(snapshot_dir), "--stamp", STAMP, "--full",
-                              "--record", RECORD, "--every", str(PROGRESS_EVERY_S),
+                              "--record", RECORD, "--every", str(int(PROGRESS_EVERY_S)),
                               *(["--max-rate", str(rate)] if rate else [])))
 
 

@@ -43,11 +43,8 @@ _UNSET = object()
 def shown(command: StringCommand) -> FunctionCommand:
     """``command`` run with its output shown as it comes, without `-v`: a long step (a model sync, a full
     re-hash, an image pull) prints its own progress lines instead of minutes of silence. The command's progress
-    lines must be few (the hub download and the verifier print at most every PROGRESS_EVERY_S seconds)."""
+    lines must be few (files/model_snapshot/sync_progress.py: one every PROGRESS_EVERY_S seconds)."""
     return FunctionCommand(_shown, (command,), {})
-
-
-PROGRESS_EVERY_S = 30  # how often a long step's progress line comes
 
 
 def _shown(state, host, command: StringCommand) -> bool:

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Node-side download for model_sync_mode `hub` (run with the venv that holds the pinned huggingface_hub):
 
-    hub_download.py [--expect-bytes N] [--every S] REPO COMMIT LAYOUT DEST ENDPOINT [TOKEN_FILE]
+    hub_download.py [--expect-bytes N] REPO COMMIT LAYOUT DEST ENDPOINT [TOKEN_FILE]
 
 LAYOUT hf_cache: DEST is the cache dir (`<model_root>/hub`); plain: DEST is the directory itself
 (huggingface_hub's local_dir mode). The token is read from TOKEN_FILE and never printed.
-A progress line (bytes written under DEST, rate, time left against N) goes to stderr every S seconds and at
-the end; huggingface_hub's own bars are off (a converge shows these lines as they come).
+A progress line (bytes written under DEST, rate, time left against N; sync_progress.py) goes to stderr every
+PROGRESS_EVERY_S seconds and at the end; huggingface_hub's own bars are off (a converge shows these lines).
 """
 
 import os
@@ -21,26 +21,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 from huggingface_hub import snapshot_download  # noqa: E402
 from huggingface_hub.errors import HfHubHTTPError  # noqa: E402
-
-
-def written_bytes(path: str) -> int:
-    """Bytes of the files under ``path`` (partial downloads included)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def progress_line(done: int, expect: int, elapsed: float) -> str:
-    rate = done / elapsed if elapsed > 0 else 0.0
-    line = f"model sync: {done / 1e9:.2f} of {expect / 1e9:.2f} GB, {rate / 1e6:.1f} MB/s, {elapsed:.0f} s"
-    if 0 < rate and done < expect:
-        line += f", about {(expect - done) / rate:.0f} s left"
-    return line
+from sync_progress import PROGRESS_EVERY_S, progress_line, written_bytes  # noqa: E402  (installed beside this file)
 
 
 def report_progress(dest: str, expect: int, every: float, stop: threading.Event) -> None:
@@ -54,13 +35,9 @@ def report_progress(dest: str, expect: int, every: float, stop: threading.Event)
 
 
 def main(argv):
-    expect, every = 0, 30.0
-    while argv and argv[0] in ("--expect-bytes", "--every"):
-        flag, value, argv = argv[0], argv[1], argv[2:]
-        if flag == "--expect-bytes":
-            expect = int(value)
-        else:
-            every = float(value)
+    expect = 0
+    if argv[:1] == ["--expect-bytes"]:
+        expect, argv = int(argv[1]), argv[2:]
     repo, commit, layout, dest, endpoint = argv[:5]
     token = False
     if len(argv) > 5 and argv[5]:
@@ -69,7 +46,7 @@ def main(argv):
     where = {"cache_dir": dest} if layout == "hf_cache" else {"local_dir": dest}
     os.makedirs(dest, exist_ok=True)
     stop = threading.Event()
-    reporter = threading.Thread(target=report_progress, args=(dest, expect, every, stop), daemon=True)
+    reporter = threading.Thread(target=report_progress, args=(dest, expect, PROGRESS_EVERY_S, stop), daemon=True)
     reporter.start()
     try:
         path = snapshot_download(repo, revision=commit, endpoint=endpoint, token=token, **where)

@@ -20,12 +20,16 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 
 if __package__:  # files.model_snapshot.peer_pull on the control node (as verify_snapshot.py imports its siblings)
     from .snapshot_manifest import ManifestError, link_problem, read_manifest
+    from .sync_progress import PROGRESS_EVERY_S, progress_line, rsync_progress
 else:  # run as a file on the node: installed beside the verifier's modules (/usr/local/lib/inference-nodes/)
     from snapshot_manifest import ManifestError, link_problem, read_manifest
+    from sync_progress import PROGRESS_EVERY_S, progress_line, rsync_progress
 
 
 def balanced(paths: list[str], sizes: dict[str, int], streams: int) -> list[list[str]]:
@@ -42,22 +46,44 @@ def balanced(paths: list[str], sizes: dict[str, int], streams: int) -> list[list
 COPY_OPTIONS = ["--chmod=D0755,F0644", "--partial", "--mkpath"]
 
 
-def parallel_rsync(options: list[str], src: str, dest: str, groups: list[list[str]], tmp: str) -> list[str]:
+def parallel_rsync(options: list[str], src: str, dest: str, groups: list[list[str]], tmp: str,
+                   report=None, every: float = PROGRESS_EVERY_S) -> list[str]:
     """One rsync per group of paths (its own --files-from listing in ``tmp``), all at once; the failures.
-    The control node's push runs it too."""
-    procs = []
+    The control node's push runs it too. ``report(bytes_so_far, elapsed, final)``, when given, is called every
+    ``every`` seconds and once at the end, from the streams' own progress (`--info=progress2`)."""
+    procs, readers, done = [], [], [0] * len(groups)
+    started = time.monotonic()
     for n, group in enumerate(groups):
         listing = os.path.join(tmp, f"files-{len(os.listdir(tmp))}-{n}")
         with open(listing, "w") as f:
             f.write("\n".join(group) + "\n")
-        cmd = ["rsync", *options, *COPY_OPTIONS, f"--files-from={listing}", src, dest]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    failures = []
-    for proc in procs:
-        _, err = proc.communicate()
-        if proc.returncode != 0:
-            failures.append(f"rsync exit {proc.returncode}: {err.strip()[-500:]}")
-    return failures
+        progress = ["--info=progress2", "--no-human-readable"] if report else []
+        cmd = ["rsync", *options, *COPY_OPTIONS, *progress, f"--files-from={listing}", src, dest]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if report else subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        procs.append(proc)
+        if report:
+            readers.append(rsync_progress(proc, done, n))
+    errors = [""] * len(procs)
+
+    def collect(n: int, proc: subprocess.Popen) -> None:
+        errors[n] = proc.stderr.read()
+
+    collectors = [threading.Thread(target=collect, args=(n, p), daemon=True) for n, p in enumerate(procs)]
+    for thread in collectors:
+        thread.start()
+    due = started + every
+    while any(proc.poll() is None for proc in procs):
+        time.sleep(0.2)
+        if report and time.monotonic() >= due:
+            report(sum(done), time.monotonic() - started, False)
+            due += every
+    for thread in (*collectors, *readers):
+        thread.join()
+    if report:
+        report(sum(done), time.monotonic() - started, True)
+    return [f"rsync exit {proc.returncode}: {err.strip()[-500:]}" for proc, err in zip(procs, errors)
+            if proc.returncode != 0]
 
 
 def refuse_links(root: str, files: list[str]) -> list[str]:
@@ -118,7 +144,14 @@ def main() -> int:
                 print(f"links from {args.url} refused: {'; '.join(refused[:5])}", file=sys.stderr)
                 return 1
             wanted = blob_targets(args.dest, args.snapshot, args.files, sizes)
-        failures = parallel_rsync(daemon, args.url, args.dest + "/", balanced(list(wanted), wanted, args.streams), tmp)
+        expect, peer = sum(wanted.values()), urllib.parse.urlsplit(args.url).netloc.rsplit("@", 1)[-1]
+
+        def report(done: int, elapsed: float, final: bool) -> None:
+            print(progress_line(done, expect, elapsed, f" from {peer}") + (" (done)" if final else ""),
+                  file=sys.stderr, flush=True)
+
+        failures = parallel_rsync(daemon, args.url, args.dest + "/", balanced(list(wanted), wanted, args.streams), tmp,
+                                  report)
     if refused := refuse_links(root, args.files):  # a blob that is itself a link out; plain: a file sent as a link
         print(f"pulled links refused: {'; '.join(refused[:5])}", file=sys.stderr)
         return 1

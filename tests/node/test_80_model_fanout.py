@@ -86,6 +86,13 @@ def test_a_verified_peer_feeds_the_third_node(sandbox, one_group):
     pulled = rf"pulled {len(files)} file\(s\), {sum(files.values())} bytes .* from peer sandbox-a \(127\.0\.0\.1:8731\)"
     assert any(re.search(pulled, line) for line in b1), proc.stderr[-3000:]
     assert not any("pushed" in line for line in b1), "the control node fed sandbox-b1"
+    # each copy printed its progress as it went (bytes of the expected total, rate), ending with a line of its own
+    total = "of [0-9.]+ GB"
+    for node in ("sandbox-a", "sandbox-b0"):
+        assert any(re.search(rf"model sync from the control node: [0-9.]+ {total}, .* \(done\)", line)
+                   for line in host_lines(proc, node)), proc.stderr[-3000:]
+    assert any(re.search(rf"model sync from 127\.0\.0\.1:8731: [0-9.]+ {total}, .* \(done\)", line) for line in b1), \
+        proc.stderr[-3000:]
     assert any("serving its verified model copy on 127.0.0.1:8731 to sandbox-b1" in line
                for line in host_lines(proc, "sandbox-a"))
     # the peer's own daemon log: it sent every shard
