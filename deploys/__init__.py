@@ -2,11 +2,10 @@
 
 Importing any of them reads each fact once per run while it cannot have changed (deploys/fact_cache.py):
 pyinfra 3 would read it again when the operation executes; and each operation call finds its place in the
-deploy code without reading source files (deploys/op_overhead.py); and the SSH connection to each node
-sends each message at once, not after the node's delayed ACK (deploys/ssh_nodelay.py)."""
+deploy code without reading source files (deploys/op_overhead.py). The entry point (deploys/all.py) also
+makes each node's SSH connection send each message at once (deploys/ssh_nodelay.py)."""
 
-from deploys import fact_cache, op_overhead, ssh_nodelay
+from deploys import fact_cache, op_overhead
 
 fact_cache.install()
 op_overhead.install()
-ssh_nodelay.install()

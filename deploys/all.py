@@ -12,8 +12,10 @@ from deploys.model_integrity import model_integrity
 from deploys.model_snapshot import model_snapshot
 from deploys.nvidia_driver import nvidia_driver
 from deploys.preflight import preflight
+from deploys.ssh_nodelay import install as ssh_without_delay
 from deploys.validate import validate
 
+ssh_without_delay()  # pyinfra has connected: each node's SSH socket sends at once from here on
 validate()
 preflight()
 package_manager_ready()

@@ -18,29 +18,6 @@ from deploys.run_state import kept
 from deploys.schema import Cluster, NodeConfig, cluster_of, clusters, validate_inventory
 
 
-def _remember_hosts_listed_twice() -> None:
-    """pyinfra merges a host listed twice in one group without a word (the later entry's values win):
-    record such names on the inventory (``listed_twice``: name -> groups) so validation names them
-    (deploys/schema/cross_host.py group_problems). Installed on import, before the CLI builds the inventory."""
-    original = Inventory.make_hosts_and_groups
-    if getattr(original, "remembers_listed_twice", False):
-        return
-
-    def make_hosts_and_groups(self, names, groups):
-        self.listed_twice = {}
-        for group, value in groups.items():
-            members = value[0] if isinstance(value, tuple) else value
-            for name, n in Counter(name for name, _ in extract_name_data(members)).items():
-                if n > 1:
-                    self.listed_twice.setdefault(name, []).append(group)
-        return original(self, names, groups)
-
-    make_hosts_and_groups.remembers_listed_twice = True
-    Inventory.make_hosts_and_groups = make_hosts_and_groups
-
-
-_remember_hosts_listed_twice()
-
 def inventory_configs(inventory: Inventory | None = None) -> dict[str, NodeConfig]:
     """Every host's validated config; raises InventoryValidationError naming host, key and value. Validated once
     per inventory (each deploy file is exec'd once per host), kept on it (deploys/run_state.py).
@@ -78,12 +55,26 @@ def cluster_member_names(host=None) -> list[str]:
 
 def load_inventory(path: str, override_data: dict | None = None, group_data: tuple[str, ...] = ()) -> Inventory:
     """Load an inventory file the way the pyinfra CLI does (group_data beside it, ``--data`` overrides, extra
-    ``--group-data`` directories), without connecting."""
+    ``--group-data`` directories), without connecting. Also records the hosts a group lists more than once
+    (``listed_twice``: name -> groups), which pyinfra merges without a word (the later entry's values win), so
+    validation names them (deploys/schema/cross_host.py group_problems)."""
+    import runpy
+
     from pyinfra_cli.inventory import make_inventory
 
     with ctx_state.use(State()):
-        return make_inventory(path, cwd=os.getcwd(), override_data=override_data or {},
-                              group_data_directories=list(group_data) or None)
+        inventory = make_inventory(path, cwd=os.getcwd(), override_data=override_data or {},
+                                   group_data_directories=list(group_data) or None)
+    inventory.listed_twice = {}
+    if os.path.isfile(path):
+        for group, value in runpy.run_path(path).items():
+            if group.startswith("_") or not isinstance(value, (list, tuple)):
+                continue  # what pyinfra takes for a group: a list, or a (hosts, data) tuple
+            members = value[0] if isinstance(value, tuple) else value
+            for name, n in Counter(name for name, _ in extract_name_data(members)).items():
+                if n > 1:
+                    inventory.listed_twice.setdefault(name, []).append(group)
+    return inventory
 
 
 class LimitError(ValueError):

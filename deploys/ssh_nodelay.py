@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import socket
 
-from pyinfra.connectors.ssh import SSHConnector
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_state
 
 
 def no_delay(sock) -> bool:
@@ -25,17 +26,31 @@ def no_delay(sock) -> bool:
     return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
 
 
-def install() -> None:
-    """Wrap SSHConnector._connect once (idempotent): its socket sends without delay once connected."""
-    if getattr(SSHConnector._connect, "_no_delay", False):
-        return
-    connect = SSHConnector._connect
+def host_no_delay(host) -> bool:
+    """TCP_NODELAY on ``host``'s SSH connection, if it has one open (other connectors: nothing to do)."""
+    client = getattr(host.connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    return transport is not None and no_delay(transport.sock)
 
-    def _connect(self) -> None:
-        connect(self)
-        transport = self.client.get_transport() if self.client is not None else None
-        if transport is not None:
-            no_delay(transport.sock)
 
-    _connect._no_delay = True
-    SSHConnector._connect = _connect
+class NoDelayOnConnect(BaseStateCallback):
+    """pyinfra's own connection callback: a host connected later in the run (a cluster member another host's
+    step reaches) sends at once too."""
+
+    @staticmethod
+    def host_connect(state, host):
+        host_no_delay(host)
+
+
+def install(state=None) -> None:
+    """For the run in progress: every SSH connection open now sends at once, and every one opened later (the
+    callback). pyinfra loads the deploy code once it has connected (CLI), so importing ``deploys`` does it
+    before the first fact or command; an API run calls it with its state. Replaces nothing in pyinfra."""
+    if state is None:
+        state = ctx_state.get() if ctx_state.isset() else None
+    if state is None or not getattr(state, "initialised", False):
+        return  # not a run (an import by a test or a tool)
+    if not any(isinstance(h, NoDelayOnConnect) for h in state.callback_handlers):
+        state.add_callback_handler(NoDelayOnConnect())
+    for host in state.inventory:
+        host_no_delay(host)

@@ -5,7 +5,6 @@ import socket
 import pytest
 from pyinfra.connectors.ssh import SSHConnector
 
-import deploys  # noqa: F401  (installs the wrapper)
 from deploys.ssh_nodelay import no_delay
 
 
@@ -32,10 +31,17 @@ def test_a_socket_that_is_not_tcp_is_left_alone():
     assert no_delay(object()) is False  # a ProxyCommand or jump-host channel
 
 
-def test_the_ssh_connector_is_wrapped_once():
-    assert getattr(SSHConnector._connect, "_no_delay", False)
-    from deploys import ssh_nodelay
+def test_install_replaces_nothing_and_registers_one_callback():
+    """No pyinfra attribute is replaced: the socket option is set on open connections and from pyinfra's own
+    connection callback, registered once however often the entry point runs."""
+    import pyinfra.connectors.ssh as pyinfra_ssh
+    from pyinfra.api import Config, Inventory, State
 
-    wrapped = SSHConnector._connect
-    ssh_nodelay.install()
-    assert SSHConnector._connect is wrapped
+    from deploys.ssh_nodelay import NoDelayOnConnect, install
+
+    assert SSHConnector._connect.__module__ == pyinfra_ssh.__name__
+    state = State(Inventory((["@local"], {})), Config())
+    install(state)
+    install(state)
+    assert sum(isinstance(h, NoDelayOnConnect) for h in state.callback_handlers) == 1
+    install()  # not in a run: nothing to do, no error
