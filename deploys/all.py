@@ -8,11 +8,11 @@ from deploys.apt_state import package_manager_ready
 from deploys.container_runtime import container_runtime
 from deploys.host_tuning import host_tuning
 from deploys.inference_service import inference_service
-from deploys.model_integrity import model_integrity
-from deploys.model_snapshot import model_snapshot
+from deploys.model.integrity import model_integrity
+from deploys.model.snapshot import model_snapshot
 from deploys.nvidia_driver import nvidia_driver
 from deploys.preflight import preflight
-from deploys.ssh_nodelay import install as ssh_without_delay
+from deploys.run.ssh_nodelay import install as ssh_without_delay
 from deploys.validate import validate
 
 ssh_without_delay()  # pyinfra has connected: each node's SSH socket sends at once from here on

@@ -9,8 +9,8 @@ apt-daily.service holds the lists lock while it updates. Two mechanisms cover th
 - `apt-get update`, `apt-mark` and `dpkg --configure -a`: apt honours that option for the dpkg locks only,
   never for /var/lib/apt/lists/lock (measured: apt 2.6.2 on Debian 12 and 3.0.4 on trixie fail at once with
   "Could not get lock /var/lib/apt/lists/lock"; no changelog entry of apt 2.7, Ubuntu 24.04's, changes it),
-  and dpkg has no wait of its own. These run through `lock_waiting`, which retries while the failure is a
-  held lock and gives up after the same timeout with a message naming the lock and its holder.
+  and dpkg has no wait of its own. These run through `lock_waiting` (deploys/ops.py), which retries while the
+  failure is a held lock and gives up after the same timeout with a message naming the lock and its holder.
 
 A node whose dpkg was interrupted (`dpkg --audit` not empty) is repaired with `dpkg --configure -a` before
 anything else installs (apt refuses to install until then); the run logs it, naming the host.
@@ -28,9 +28,9 @@ from pyinfra.facts.files import File
 from pyinfra.facts.server import Date
 
 from deploys.apt_sources import foreign_sources_disabled, sources_args
-from deploys.fact_cache import FactRead, expect
+from deploys.run.fact_cache import FactRead, expect
 from deploys.inventory import node_config
-from deploys.ops import atomic_put
+from deploys.ops import atomic_put, lock_timeout, lock_waiting
 from facts.apt import AptSourcesNaming
 from facts.dpkg import DpkgAudit
 from facts.host import ManagedFiles
@@ -38,46 +38,8 @@ from facts.host import ManagedFiles
 LOCK_DROPIN = "/etc/apt/apt.conf.d/50inference-nodes-lock-timeout"
 UPDATE_STAMP = "/var/lib/apt/periodic/update-success-stamp"  # where pyinfra's apt.update keeps cache_time
 
-# $0: label, $1: timeout in seconds, $2...: the command. Retries only while the command fails on a held
-# lock (apt: "Could not get lock ...", dpkg 1.22: "dpkg frontend lock was locked by /usr/bin/python3.13
-# process with pid 2728", older dpkg: "... locked by another process"); any other outcome is the command's own.
-LOCK_WAIT_SCRIPT = r"""t=$1; shift; end=$(( $(date +%s) + t )); said=
-while :; do
-  out=$("$@" 2>&1); rc=$?
-  [ $rc -eq 0 ] && { [ -n "$out" ] && printf '%s\n' "$out"; exit 0; }
-  case $out in
-    *"Could not get lock"*|*"lock was locked by "*|*"locked by another process"*) ;;
-    *) printf '%s\n' "$out" >&2; exit $rc;;
-  esac
-  held=$(printf '%s\n' "$out" | grep -m1 -i 'lock' | sed 's/^E: //')
-  if [ "$(date +%s)" -ge "$end" ]; then
-    echo "inference-nodes: gave up after ${t}s waiting for the apt/dpkg lock to run '$*': $held" >&2
-    echo "inference-nodes: another package run (unattended-upgrades, apt-daily) still holds it; let it finish and rerun" >&2
-    exit $rc
-  fi
-  [ -n "$said" ] || { echo "inference-nodes: waiting up to ${t}s for the apt/dpkg lock: $held" >&2; said=1; }
-  sleep 2
-done"""
-
-
 # what apt_lists_updated and pyinfra's apt.packages read
 APT_READS: list[FactRead] = [(File, {"path": UPDATE_STAMP}), (Date, {}), (DebPackages, {})]
-
-
-def lock_timeout() -> int:
-    """The host being prepared's `apt_lock_timeout_s`."""
-    from deploys.inventory import node_config
-
-    return node_config().apt_lock_timeout_s
-
-
-def lock_waiting(*argv: str, timeout: int | None = None) -> StringCommand:
-    """``argv`` run on the node, retried while another apt/dpkg run holds the lock it needs, for ``timeout``
-    seconds (default: the host's `apt_lock_timeout_s`). Every word is quoted: package names come from the
-    inventory and the node's package lists."""
-    timeout = lock_timeout() if timeout is None else timeout
-    return StringCommand("sh", "-c", QuoteString(LOCK_WAIT_SCRIPT), "lock-wait", str(int(timeout)),
-                         *(QuoteString(a) for a in argv))
 
 
 def render_lock_dropin(timeout: int) -> str:

@@ -19,8 +19,8 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, systemd
 
 from deploys.apt_sources import DEB_ARCH, TOOLKIT_SOURCE, toolkit_repo_uri
-from deploys.apt_state import APT_READS, apt_lists_updated, lock_waiting
-from deploys.fact_cache import expect, service_reads
+from deploys.apt_state import APT_READS, apt_lists_updated
+from deploys.run.fact_cache import expect, service_reads
 from deploys.inventory import node_config
 from deploys.ops import (
     apt_held,
@@ -31,6 +31,7 @@ from deploys.ops import (
     follow_up_reads,
     follow_up_stamp,
     keyring_verified,
+    lock_waiting,
     secret_file,
     shown,
 )

@@ -15,7 +15,7 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.facts.files import Directory, File
 from pyinfra.operations import files
 
-from deploys.fact_cache import expect
+from deploys.run.fact_cache import expect
 from deploys.inventory import node_config
 from deploys.ops import atomic_put, fail_host, host_failed, secret_file
 from deploys.schema import NodeConfig

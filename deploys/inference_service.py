@@ -29,11 +29,11 @@ from pyinfra.facts.files import Directory, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files
 
-from deploys import model_integrity
+from deploys.model import integrity as model_integrity
 from deploys.host_tuning import render_fabric_env
-from deploys.fact_cache import expect
+from deploys.run.fact_cache import expect
 from deploys.inventory import cluster_member_names, node_cluster, node_config
-from deploys.model_snapshot import GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER
+from deploys.model.snapshot import GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER
 from deploys.ops import (atomic_put, cluster_all_here, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
                          follow_up_stamp, host_failed, secret_file, uses_sudo)
 from deploys.serving_gate import (failed_checks, gate_checks, gate_command, journal_told, parse_readiness, readiness_command,

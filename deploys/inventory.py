@@ -14,13 +14,13 @@ from pyinfra.api.exceptions import NoGroupError
 from pyinfra.api.inventory import Inventory, extract_name_data
 from pyinfra.context import ctx_state
 
-from deploys.run_state import kept
+from deploys.run.state import kept
 from deploys.schema import Cluster, NodeConfig, cluster_of, clusters, validate_inventory
 
 
 def inventory_configs(inventory: Inventory | None = None) -> dict[str, NodeConfig]:
     """Every host's validated config; raises InventoryValidationError naming host, key and value. Validated once
-    per inventory (each deploy file is exec'd once per host), kept on it (deploys/run_state.py).
+    per inventory (each deploy file is exec'd once per host), kept on it (deploys/run/state.py).
 
     Inside a pyinfra run, `--limit` is passed on: a host outside it whose only problems are profile gaps is
     left out (deploys/schema/cross_host.py validate_hosts)."""

@@ -18,10 +18,10 @@ from pyinfra.facts.server import OsRelease
 from pyinfra.operations import apt, files, server
 
 from deploys.apt_sources import CUDA_SOURCE, cuda_repo_path, cuda_repo_uri
-from deploys.apt_state import APT_READS, apt_lists_updated, lock_waiting
-from deploys.fact_cache import expect
+from deploys.apt_state import APT_READS, apt_lists_updated
+from deploys.run.fact_cache import expect
 from deploys.inventory import node_config
-from deploys.model_snapshot import resources_args
+from deploys.model.snapshot import resources_args
 from deploys.ops import (
     apt_held,
     atomic_put,
@@ -31,6 +31,7 @@ from deploys.ops import (
     follow_up_reads,
     follow_up_stamp,
     keyring_verified,
+    lock_waiting,
 )
 from deploys.schema import NodeConfig, NvidiaDriverKeys
 from facts.apt import AptHolds, KeyringFingerprints

@@ -1,5 +1,5 @@
-"""Operations shared by several components: per-host failure, verified apt keyrings, apt holds, and
-follow-up steps decided from state."""
+"""Operations shared by several components: per-host failure, verified apt keyrings, the apt/dpkg lock wait,
+apt holds, and follow-up steps decided from state."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def follow_up_stamp(name: str) -> str:
 
 
 def follow_up_reads(*names: str) -> list[tuple]:
-    """What follow_up_done reads for each stamp (deploys/fact_cache.py expect)."""
+    """What follow_up_done reads for each stamp (deploys/run/fact_cache.py expect)."""
     return [(FileContents, {"path": follow_up_stamp(name)}) for name in names]
 
 
@@ -155,7 +155,7 @@ def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: st
     + user, group, mode: ownership and permissions (mode as a string)
     + create_remote_dir: create the parent directory first (as files.put does)
     + batch: every file the calling deploy manages (``dest`` among them): their state is read in one
-      round trip, once per run (deploys/fact_cache.py)
+      round trip, once per run (deploys/run/fact_cache.py)
     + resets: a follow-up stamp (``follow_up_stamp``) removed before ``dest`` is replaced, so the follow-up
       runs again even for content it applied before (a hand edit that was applied in between)
     """
@@ -204,6 +204,44 @@ def keyring_verified(url: str, fingerprint: str, dest: str, resets: str | None =
                         QuoteString(fingerprint), QuoteString(dest))
 
 
+# $0: label, $1: timeout in seconds, $2...: the command. Retries only while the command fails on a held
+# lock (apt: "Could not get lock ...", dpkg 1.22: "dpkg frontend lock was locked by /usr/bin/python3.13
+# process with pid 2728", older dpkg: "... locked by another process"); any other outcome is the command's own.
+LOCK_WAIT_SCRIPT = r"""t=$1; shift; end=$(( $(date +%s) + t )); said=
+while :; do
+  out=$("$@" 2>&1); rc=$?
+  [ $rc -eq 0 ] && { [ -n "$out" ] && printf '%s\n' "$out"; exit 0; }
+  case $out in
+    *"Could not get lock"*|*"lock was locked by "*|*"locked by another process"*) ;;
+    *) printf '%s\n' "$out" >&2; exit $rc;;
+  esac
+  held=$(printf '%s\n' "$out" | grep -m1 -i 'lock' | sed 's/^E: //')
+  if [ "$(date +%s)" -ge "$end" ]; then
+    echo "inference-nodes: gave up after ${t}s waiting for the apt/dpkg lock to run '$*': $held" >&2
+    echo "inference-nodes: another package run (unattended-upgrades, apt-daily) still holds it; let it finish and rerun" >&2
+    exit $rc
+  fi
+  [ -n "$said" ] || { echo "inference-nodes: waiting up to ${t}s for the apt/dpkg lock: $held" >&2; said=1; }
+  sleep 2
+done"""
+
+
+def lock_timeout() -> int:
+    """The host being prepared's `apt_lock_timeout_s`."""
+    from deploys.inventory import node_config
+
+    return node_config().apt_lock_timeout_s
+
+
+def lock_waiting(*argv: str, timeout: int | None = None) -> StringCommand:
+    """``argv`` run on the node, retried while another apt/dpkg run holds the lock it needs, for ``timeout``
+    seconds (default: the host's `apt_lock_timeout_s`). Every word is quoted: package names come from the
+    inventory and the node's package lists."""
+    timeout = lock_timeout() if timeout is None else timeout
+    return StringCommand("sh", "-c", QuoteString(LOCK_WAIT_SCRIPT), "lock-wait", str(int(timeout)),
+                         *(QuoteString(a) for a in argv))
+
+
 @operation()
 def apt_held(packages: list[str]):
     """`apt-mark hold` each of ``packages`` that is not held yet.
@@ -215,8 +253,6 @@ def apt_held(packages: list[str]):
     if not missing:
         host.noop(f"{len(packages)} package(s) held")
         return
-    from deploys.apt_state import lock_waiting  # (apt_state builds on this module)
-
     yield lock_waiting("apt-mark", "hold", *missing)  # dpkg's selections: waits for a held dpkg lock
 
 

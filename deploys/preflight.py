@@ -18,13 +18,13 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.server import OsRelease
 
 from deploys.apt_sources import sources_args
-from deploys.fact_cache import expect
+from deploys.run.fact_cache import expect
 from deploys.host_tuning import host_shm_problem
 from deploys.inventory import cluster_member_names, node_config
 from deploys.ops import fail_host
-from deploys.model_snapshot import resources_args
+from deploys.model.snapshot import resources_args
 from deploys.nvidia_driver import packages_differ_message
-from deploys.run_state import kept
+from deploys.run.state import kept
 from deploys.schema import NodeConfig
 from facts.apt import AptSourcesNaming
 from facts.containers import PodmanVersion

@@ -15,7 +15,8 @@ import argparse
 import os
 import sys
 
-from deploys import apt_state, container_runtime, host_tuning, inference_service, model_integrity, model_snapshot, nvidia_driver
+from deploys import apt_state, container_runtime, host_tuning, inference_service, nvidia_driver
+from deploys.model import integrity as model_integrity, snapshot as model_snapshot
 from deploys.inventory import LimitError, limited_hosts, load_inventory
 from deploys.schema import InventoryValidationError, NodeConfig, cluster_of, validate_inventory
 

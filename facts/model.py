@@ -68,7 +68,7 @@ class NodePythonDict(TypedDict):
 
 
 class NodePython(FactBase[NodePythonDict]):
-    """The node's python3: its version and CPU, which pick the hub client's wheels (deploys/hub_lock.py)."""
+    """The node's python3: its version and CPU, which pick the hub client's wheels (deploys/model/hub_lock.py)."""
 
     def command(self) -> str:
         return "python3 -c 'import sys, platform; print(sys.version_info[0], sys.version_info[1], platform.machine())'"
@@ -86,7 +86,7 @@ class SeedDaemonDict(TypedDict):
 
 
 class SeedDaemon(FactBase[SeedDaemonDict]):
-    """What a push fan-out's seed daemon left on a node (deploys/model_fanout.py): its unit running, its run-secret
+    """What a push fan-out's seed daemon left on a node (deploys/model/fanout.py): its unit running, its run-secret
     directory present."""
 
     def command(self, unit: str, secret_dir: str) -> str:

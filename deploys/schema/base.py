@@ -172,7 +172,7 @@ def _venv_check(path: str) -> str | None:
 
 
 # Directories the toolkit owns: it creates them, chmods them, mounts them writable, deletes what it does not
-# list (the model directory: only once it carries the toolkit's marker, deploys/model_snapshot.py).
+# list (the model directory: only once it carries the toolkit's marker, deploys/model/snapshot.py).
 OWNED_DIR = PathKind("owned_dir", "an absolute directory of its own: not a system, temp, package or toolkit-state "
                      "tree, not a shared one (`/srv`, `/opt`, `/home/<user>`), nor a credential folder",
                      owned_dir_problem)

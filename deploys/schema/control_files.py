@@ -30,7 +30,7 @@ def control_file_problems(host: str, cfg: NodeConfig) -> list[Problem]:
 def _manifest_problems(host: str, cfg: NodeConfig) -> list[Problem]:
     """The manifest reads as one (shape and every entry: relative, normalised, inside the snapshot, no
     duplicates) and is the manifest of the pinned repo and commit."""
-    from deploys.model_manifest import ManifestError, read_manifest
+    from deploys.model.manifest import ManifestError, read_manifest
 
     try:
         manifest = read_manifest(cfg.model_manifest)

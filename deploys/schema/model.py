@@ -1,5 +1,5 @@
 """Model snapshot keys: what, at which commit, where on disk, how it gets there and is re-verified
-(deploys/model_snapshot.py, deploys/model_integrity.py). The manifest and token files are read by
+(deploys/model/snapshot.py, deploys/model/integrity.py). The manifest and token files are read by
 deploys/schema/control_files.py once the keys parse."""
 
 from __future__ import annotations

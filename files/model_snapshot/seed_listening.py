@@ -2,7 +2,7 @@
 
     python3 -c "$(cat seed_listening.py)" ADDRESS PORT UNIT
 
-deploys/model_fanout.py (peers_served) sends this file's text with `python3 -c` right after `systemd-run`
+deploys/model/fanout.py (peers_served) sends this file's text with `python3 -c` right after `systemd-run`
 started the daemon as UNIT. Exit status 0 once a connection to ADDRESS:PORT succeeds and UNIT is still active
 a moment later (a daemon that binds and then dies, on a bad config say, serves no one); otherwise the exit
 message names the address and the unit's last log lines.

@@ -20,7 +20,7 @@ from deploys.inference_service import (
     service_environment,
     started_from_path,
 )
-from deploys.model_snapshot import STAMP
+from deploys.model.snapshot import STAMP
 from deploys.schema import cluster_head, clusters
 from tests.audit.conftest import audited_inventory
 

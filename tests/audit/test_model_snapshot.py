@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from deploys.model_fanout import SEED_DIR, SEED_UNIT
-from deploys.model_integrity import UNIT, UNIT_DIR, render_service, render_timer
-from deploys.model_snapshot import max_age_s
-from deploys.model_snapshot import HUB_TOKEN, MANIFEST, RECORD, STAMP, VERIFIER
+from deploys.model.fanout import SEED_DIR, SEED_UNIT
+from deploys.model.integrity import UNIT, UNIT_DIR, render_service, render_timer
+from deploys.model.snapshot import max_age_s
+from deploys.model.snapshot import HUB_TOKEN, MANIFEST, RECORD, STAMP, VERIFIER
 from files.model_snapshot.snapshot_manifest import manifest_digest
 
 

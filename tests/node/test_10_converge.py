@@ -85,12 +85,12 @@ def connected_state():
 
 
 def test_ssh_to_every_node_sends_each_message_at_once(sandbox):
-    """deploys/ssh_nodelay.py on the real connections a run makes (deploys/all.py calls it once pyinfra has
+    """deploys/run/ssh_nodelay.py on the real connections a run makes (deploys/all.py calls it once pyinfra has
     connected): without TCP_NODELAY every command waits for the node's delayed ACK (48 ms against 4.8 ms a
     command on loopback). A host that connects later gets it from pyinfra's own connection callback."""
     import socket
 
-    from deploys.ssh_nodelay import install
+    from deploys.run.ssh_nodelay import install
 
     def nagle_off(h) -> bool:
         return bool(h.connector.client.get_transport().sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
@@ -110,13 +110,13 @@ def test_ssh_to_every_node_sends_each_message_at_once(sandbox):
 
 
 def test_unit_reads_answered_together_are_what_pyinfra_reads_for_each(sandbox):
-    """deploys/fact_cache.py answers every SystemdStatus/SystemdEnabled read of a prefetch from one
+    """deploys/run/fact_cache.py answers every SystemdStatus/SystemdEnabled read of a prefetch from one
     `systemctl show`; on a real node each answer equals pyinfra's own read of that unit list (an alias, a
     unit that does not exist, a unit named twice, two units in one read), and it is one command."""
     from pyinfra.api.facts import get_fact
     from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-    from deploys import fact_cache
+    from deploys.run import fact_cache
     from facts.host import ManagedFiles
 
     unit_lists = [["ssh.service"], ["sshd.service"], ["no-such-unit.service"], ["inference-nodes-model-verify.timer"],
@@ -138,7 +138,7 @@ def test_unit_reads_answered_together_are_what_pyinfra_reads_for_each(sandbox):
 
 def test_second_converge_reports_zero_changes_in_a_few_commands_per_node(sandbox, tmp_path):
     """Zero changes; and each node's facts came in a few commands (the ones each component expects, read
-    together: deploys/fact_cache.py), not one round trip per fact (51 before). Counted by the bench's
+    together: deploys/run/fact_cache.py), not one round trip per fact (51 before). Counted by the bench's
     wrapper of the same CLI (bench/pyinfra_counted.py)."""
     counts = tmp_path / "counts.json"
     proc = subprocess.run([sys.executable, "bench/pyinfra_counted.py", str(counts), "-y", "--json", INVENTORY,

@@ -85,7 +85,7 @@ def test_too_little_disk_is_refused_before_fetching(sandbox):
         assert proc.returncode == 1
         assert f"host {node}: too little disk for the model at {PLAIN}: 1048576 bytes free" in proc.stderr
         # the model component alone: from the exact bytes its verifier says are missing
-        proc = pyinfra(INVENTORY, "deploys.model_snapshot.model_snapshot", "--limit", node, check=False)
+        proc = pyinfra(INVENTORY, "deploys.model.snapshot.model_snapshot", "--limit", node, check=False)
         assert proc.returncode == 1
         assert f"{node}: too little disk for the model at {PLAIN}: " in proc.stderr
         assert "bytes needed, 1048576 bytes free" in proc.stderr
@@ -106,13 +106,13 @@ def test_a_model_directory_the_toolkit_does_not_own_is_never_emptied(sandbox):
     assert on_node(node, f"test -f {marker}").returncode == 0, "the fetch into the emptied directory marked it"
     assert on_node(node, f"rm {marker} && echo keep > {PLAIN}/notes.txt").returncode == 0
     full = ["--limit", node, "--data", "model_verify_full=true"]  # the stamp's fast path does not list a directory
-    refused = pyinfra(INVENTORY, "deploys.model_snapshot.model_snapshot", *full, check=False)
+    refused = pyinfra(INVENTORY, "deploys.model.snapshot.model_snapshot", *full, check=False)
     assert refused.returncode == 1, refused.stderr[-3000:]
     assert f"{PLAIN} holds 1 file(s) the model's manifest does not list (notes.txt)" in refused.stderr
     assert "Nothing was deleted" in refused.stderr
     assert on_node(node, f"cat {PLAIN}/notes.txt").stdout.strip() == "keep"
     assert on_node(node, f"touch {marker}").returncode == 0  # the admin says: this directory holds the model alone
-    owned = changed_operations(pyinfra("--json", INVENTORY, "deploys.model_snapshot.model_snapshot", *full))
+    owned = changed_operations(pyinfra("--json", INVENTORY, "deploys.model.snapshot.model_snapshot", *full))
     assert owned == [(SYNC, [node])], owned
     assert on_node(node, f"test -e {PLAIN}/notes.txt").returncode == 1, "a stray file in an owned directory goes"
     assert gate(node).returncode == 0

@@ -268,7 +268,7 @@ def test_the_sudo_flag_takes_the_same_private_path_as_the_inventorys_sudo(sudo_u
 
 def test_a_secret_taken_out_of_the_inventory_leaves_the_node(converged):
     from deploys.container_runtime import AUTH_FILE
-    from deploys.model_snapshot import HUB_TOKEN
+    from deploys.model.snapshot import HUB_TOKEN
 
     assert on_node(NODE, f"test -f {AUTH_FILE}").returncode == 0, "the sandbox configures registry_auth_file"
     # a hub token left from when the node was in hub mode with a token (the sandbox's nodes push)
@@ -297,7 +297,7 @@ def test_a_killed_fanout_run_leaves_no_password_and_its_seed_admits_only_its_tar
     import socket
     import subprocess
 
-    from deploys.model_fanout import PULL_UNIT, SEED_DIR, SEED_UNIT
+    from deploys.model.fanout import PULL_UNIT, SEED_DIR, SEED_UNIT
     from tests.node.conftest import PYINFRA
     from tests.node.test_80_model_fanout import MODEL_ONLY, ROOT, group_args
 

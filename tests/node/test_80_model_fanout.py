@@ -16,13 +16,13 @@ import socket
 
 import pytest
 
-from deploys.model_fanout import SEED_DIR, SEED_UNIT
-from deploys.model_snapshot import MANIFEST, VERIFIER
+from deploys.model.fanout import SEED_DIR, SEED_UNIT
+from deploys.model.snapshot import MANIFEST, VERIFIER
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra
 
 ROOT = "/srv/fanout"
 COMMIT = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
-MODEL_ONLY = "deploys.model_snapshot.model_snapshot"
+MODEL_ONLY = "deploys.model.snapshot.model_snapshot"
 SHARDS = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
 
 

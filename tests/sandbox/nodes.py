@@ -24,7 +24,7 @@ def generate_manifests(inventory_file: str = "inventories/sandbox.py", endpoint:
     import json
     import os
 
-    from deploys.model_manifest import generate
+    from deploys.model.manifest import generate
 
     out_dir = os.path.join(os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox"), "manifests")
     os.makedirs(out_dir, exist_ok=True)

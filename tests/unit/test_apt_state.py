@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 import time
 
-from deploys.apt_state import LOCK_WAIT_SCRIPT, render_lock_dropin
+from deploys.apt_state import render_lock_dropin
+from deploys.ops import LOCK_WAIT_SCRIPT
 
 
 def _run(timeout: int, script: str) -> tuple[subprocess.CompletedProcess, float]:

@@ -9,7 +9,7 @@ from pyinfra.context import ctx_host
 from pyinfra.facts.server import Command
 
 import deploys  # noqa: F401  (installs the cache)
-from deploys import fact_cache
+from deploys.run import fact_cache
 from facts.host import ManagedFiles
 
 

@@ -624,7 +624,7 @@ def test_a_lone_semicolon_would_not_survive_and_is_refused_by_the_writer(argv):
 def test_apt_words_are_quoted_for_the_shell(tmp_path):
     """Package names come from the inventory and the node's package lists: every word of an apt command
     reaches the shell quoted (a stand-in program records the argv it gets)."""
-    from deploys.apt_state import lock_waiting
+    from deploys.ops import lock_waiting
 
     marker = tmp_path / "pwned"
     cmd = lock_waiting("printf", "%s\\n", f"pkg;touch {marker}", "$(touch {marker})", timeout=1)
@@ -674,7 +674,7 @@ def test_the_sync_deletes_only_in_a_directory_the_toolkit_owns(monkeypatch, tmp_
     The verifier never counts the marker as an extra file, and no manifest may list it."""
     import types
 
-    from deploys import model_snapshot
+    from deploys.model import snapshot as model_snapshot
     from files.model_snapshot.snapshot_manifest import OWNER_MARKER, path_problem
     from files.model_snapshot.verify_snapshot import list_files
 

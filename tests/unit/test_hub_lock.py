@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from deploys import hub_lock
-from deploys.model_hub import HUB_LOCK_NAME, HUB_VERSION, control_wheels, node_install_command
+from deploys.model import hub_lock
+from deploys.model.hub import HUB_LOCK_NAME, HUB_VERSION, control_wheels, node_install_command
 
 REFUSED = "DO NOT MATCH THE HASHES"  # pip's message for a file whose sha256 is not in the requirements
 
@@ -33,7 +33,7 @@ def test_lock_pins_every_package_with_hashes_and_the_pyproject_hub_version():
     pins = requirements(Path(hub_lock.LOCK).read_text())
     pyproject = (Path(hub_lock.ROOT) / "pyproject.toml").read_text()
     assert f'"huggingface-hub=={HUB_VERSION}"' in pyproject
-    assert f"huggingface-hub=={HUB_VERSION}" in pins, "regenerate: python -m deploys.hub_lock"
+    assert f"huggingface-hub=={HUB_VERSION}" in pins, "regenerate: python -m deploys.model.hub_lock"
     for pin, hashes in pins.items():
         assert re.fullmatch(r"[a-z0-9-]+==[^=\s]+", pin), pin
         assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), pin

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from deploys.model_manifest import ManifestError, read_manifest
-from deploys.model_snapshot import VERIFIER_FILES
+from deploys.model.manifest import ManifestError, read_manifest
+from deploys.model.snapshot import VERIFIER_FILES
 from files import helper_path
 from files.model_snapshot import peer_pull
 from files.model_snapshot.snapshot_manifest import remove_paths
@@ -159,7 +159,7 @@ def test_generate_refuses_a_hostile_hub_listing(monkeypatch):
     import huggingface_hub
     from huggingface_hub import hf_api
 
-    from deploys import model_manifest
+    from deploys.model import manifest as model_manifest
 
     class File:
         def __init__(self, path):
@@ -367,7 +367,7 @@ def test_remove_cli_takes_names_that_look_like_options_and_exits_1_on_a_refusal(
 
 
 def test_control_push_refuses_a_control_copy_link_that_leaves_the_repo_folder(hf_cache, tmp_path):
-    from deploys.model_push import rsync_plan
+    from deploys.model.push import rsync_plan
 
     cfg = SimpleNamespace(model_layout="hf_cache", model_revision=COMMIT, model_root="/models",
                           model_dir="/models/hub/models--x", snapshot_subdir=f"snapshots/{COMMIT}")

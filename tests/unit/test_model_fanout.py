@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from deploys import model_fanout
+from deploys.model import fanout as model_fanout
 from deploys.inventory import load_inventory, node_config
-from deploys.model_fanout import SEED_DIR, fanout_plan, fanout_waves, render_rsyncd_conf
+from deploys.model.fanout import SEED_DIR, fanout_plan, fanout_waves, render_rsyncd_conf
 from tests.unit.profiles import lab_filled_in
 
 

@@ -4,8 +4,8 @@ old the audit lets its last verdict be."""
 import pytest
 from pydantic import ValidationError
 
-from deploys.model_integrity import render_service, render_timer, verify_argv
-from deploys.model_snapshot import max_age_s
+from deploys.model.integrity import render_service, render_timer, verify_argv
+from deploys.model.snapshot import max_age_s
 from deploys.inference_service import unit_sections
 from deploys.schema import NodeConfig
 from tests.unit.profiles import profile

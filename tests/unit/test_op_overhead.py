@@ -1,4 +1,4 @@
-"""The cheaper per-operation-call work (deploys/op_overhead.py) gives exactly what pyinfra's own does, and
+"""The cheaper per-operation-call work (deploys/run/op_overhead.py) gives exactly what pyinfra's own does, and
 is what pyinfra uses once the deploys are imported."""
 
 import inspect
@@ -10,7 +10,7 @@ from pyinfra.api import arguments as pyinfra_arguments
 from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api import util as pyinfra_util
 
-from deploys import op_overhead  # importing the package installs it
+from deploys.run import op_overhead  # importing the package installs it
 
 # a deploy file: operations called from nested helpers, over several lines, at several depths
 DEPLOY = '''

@@ -1,10 +1,10 @@
-"""Per-run state (deploys/run_state.py): kept on the run's own objects, made once each, gone with them."""
+"""Per-run state (deploys/run/state.py): kept on the run's own objects, made once each, gone with them."""
 
 import gc
 
 from pyinfra.api import Inventory
 
-from deploys import run_state
+from deploys.run import state as run_state
 from deploys.inventory import inventory_configs
 from tests.unit.profiles import profile
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deploys.model_fanout import seed_allow_list, seed_firewall_properties
+from deploys.model.fanout import seed_allow_list, seed_firewall_properties
 
 
 def test_addresses_are_listed_once_with_the_seed_itself():

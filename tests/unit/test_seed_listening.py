@@ -1,5 +1,5 @@
 """The seed daemon's listen wait (files/model_snapshot/seed_listening.py) on real sockets, and as the node runs it
-(`python3 -c` with the file's text, as deploys/model_fanout.py sends it)."""
+(`python3 -c` with the file's text, as deploys/model/fanout.py sends it)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from deploys.model_fanout import SEED_LISTENING
+from deploys.model.fanout import SEED_LISTENING
 from files import helper_text
 from files.model_snapshot.seed_listening import listening
 

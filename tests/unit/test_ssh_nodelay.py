@@ -1,11 +1,11 @@
-"""deploys/ssh_nodelay.py on real sockets: a TCP socket gets TCP_NODELAY, anything else is left alone."""
+"""deploys/run/ssh_nodelay.py on real sockets: a TCP socket gets TCP_NODELAY, anything else is left alone."""
 
 import socket
 
 import pytest
 from pyinfra.connectors.ssh import SSHConnector
 
-from deploys.ssh_nodelay import no_delay
+from deploys.run.ssh_nodelay import no_delay
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def test_install_replaces_nothing_and_registers_one_callback():
     import pyinfra.connectors.ssh as pyinfra_ssh
     from pyinfra.api import Config, Inventory, State
 
-    from deploys.ssh_nodelay import NoDelayOnConnect, install
+    from deploys.run.ssh_nodelay import NoDelayOnConnect, install
 
     assert SSHConnector._connect.__module__ == pyinfra_ssh.__name__
     state = State(Inventory((["@local"], {})), Config())

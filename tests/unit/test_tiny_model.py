@@ -90,7 +90,7 @@ def test_hub_serves_real_directories_at_the_pinned_and_the_broken_commit(tmp_pat
     os.environ["HF_HUB_DISABLE_XET"] = "1"
     from huggingface_hub import snapshot_download
 
-    from deploys.model_manifest import generate
+    from deploys.model.manifest import generate
 
     good, bad = _repo_dir(tmp_path / "good", "good"), _repo_dir(tmp_path / "bad", "bad")
     srv = serve(repo_dirs=parse_repo_dirs([f"pinned={good}", f"broken={bad}"]))

@@ -21,7 +21,7 @@ import hashlib
 import threading
 import time
 
-from deploys.model_snapshot import VERIFIER_FILES
+from deploys.model.snapshot import VERIFIER_FILES
 from files import helper_path
 from files.model_snapshot import snapshot_hashing
 from files.model_snapshot.snapshot_hashing import RateLimit, hash_file
@@ -36,7 +36,7 @@ def hub_snapshot(tmp_path_factory):
     os.environ["HF_HUB_DISABLE_XET"] = "1"
     from huggingface_hub import snapshot_download
 
-    from deploys.model_manifest import generate
+    from deploys.model.manifest import generate
     from tests.sandbox.standin_hub import COMMITS, REPO, serve
 
     srv = serve(shards=3, shard_bytes=256 * 1024 + 3)
@@ -377,7 +377,7 @@ def test_nested_hf_cache_download_passes_and_a_stray_python_file_closes_the_gate
     os.environ["HF_HUB_DISABLE_XET"] = "1"
     from huggingface_hub import snapshot_download
 
-    from deploys.model_manifest import generate
+    from deploys.model.manifest import generate
     from files.model_snapshot.snapshot_manifest import remove_paths
     from tests.sandbox.standin_hub import COMMITS, REPO, serve
 

@@ -1,6 +1,6 @@
 """Trusted model manifests: generate one from the hub for a repo + commit, load and check one.
 
-    python -m deploys.model_manifest REPO COMMIT [--endpoint URL] [--token-file FILE] [--out PATH]
+    python -m deploys.model.manifest REPO COMMIT [--endpoint URL] [--token-file FILE] [--out PATH]
 
 writes files/manifests/<org>--<name>@<commit>.json for a reviewer to commit. Deploys only ever read
 committed manifests; nothing fetches a "trusted" manifest at deploy time.

@@ -1,10 +1,10 @@
 """Model snapshot: the pinned commit on every node, verified file by file against a trusted manifest.
 
-`push` mode: the control node downloads once (deploys/model_fetch.py), verifies that copy, and rsyncs
+`push` mode: the control node downloads once (deploys/model/fetch.py), verifies that copy, and rsyncs
 to each node only what the node's own verifier reports missing or bad, in parallel streams
-(deploys/model_push.py); past `model_push_fanout` nodes, verified nodes feed the next ones
-(deploys/model_fanout.py). `hub` mode: each node downloads with the pinned huggingface_hub in a venv the
-deploy manages (deploys/model_hub.py: wheels pushed from the control node, so nodes need no package index). `present` mode only verifies. Either way the node's
+(deploys/model/push.py); past `model_push_fanout` nodes, verified nodes feed the next ones
+(deploys/model/fanout.py). `hub` mode: each node downloads with the pinned huggingface_hub in a venv the
+deploy manages (deploys/model/hub.py: wheels pushed from the control node, so nodes need no package index). `present` mode only verifies. Either way the node's
 verifier (files/model_snapshot/verify_snapshot.py, stdlib only) writes the stamp that
 /usr/local/bin/inference-nodes-model-gate checks before the service starts.
 """
@@ -19,12 +19,12 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, ope
 from pyinfra.facts.files import Directory, File
 from pyinfra.operations import apt, files
 
-from deploys import model_fanout, model_hub, model_push
+from deploys.model import fanout as model_fanout, hub as model_hub, push as model_push
 from deploys.apt_state import APT_READS, apt_lists_updated
-from deploys.fact_cache import expect
+from deploys.run.fact_cache import expect
 from deploys.inventory import cluster_member_names, node_config
 from deploys.ops import atomic_put, cluster_all_here, fail_host, refuse, secret_file, shown
-from deploys.run_state import this_run
+from deploys.run.state import this_run
 from deploys.schema import NodeConfig
 from facts.host import FreeBytes, ManagedFiles, NodeResources
 from facts.model import ModelVerification, SeedDaemon
@@ -210,7 +210,7 @@ def model_snapshot():
     cfg: NodeConfig = node_config()
     if cfg.model_manifest is None:
         fail = f"{host.name}: no trusted manifest (model_manifest): generate one with `python -m " \
-               f"deploys.model_manifest {cfg.model_repo} {cfg.model_revision}`, review and commit it"
+               f"deploys.model.manifest {cfg.model_repo} {cfg.model_revision}`, review and commit it"
         refuse(name="Refuse a model without a trusted manifest", message=fail)
         return
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)

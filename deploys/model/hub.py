@@ -1,5 +1,5 @@
 """`hub` mode's client: the pinned huggingface_hub in a venv on the node, from wheels the control node downloads
-exactly as files/model_snapshot/hub-client.lock pins them (deploys/hub_lock.py) and pushes (nodes need no index).
+exactly as files/model_snapshot/hub-client.lock pins them (deploys/model/hub_lock.py) and pushes (nodes need no index).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import gevent.lock
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
-from deploys import hub_lock
+from deploys.model import hub_lock
 from deploys.ops import ControlNodeError, fail_host
 from facts.model import HubClient, NodePython
 
@@ -26,7 +26,7 @@ _wheel_dir_locks: dict[str, gevent.lock.Semaphore] = {}
 
 def control_wheels(pyver: str, machine: str) -> list[str]:
     """The wheels of huggingface_hub and its dependencies for the node's Python and CPU, exactly as the lock
-    pins them (files/model_snapshot/hub-client.lock: versions and sha256, deploys/hub_lock.py), downloaded
+    pins them (files/model_snapshot/hub-client.lock: versions and sha256, deploys/model/hub_lock.py), downloaded
     once per (lock, python, arch) into a control-node cache. A cached wheel whose hash is not in the lock is
     refused."""
     lock_id = hub_lock.sha256(hub_lock.LOCK)[:12]
@@ -69,7 +69,7 @@ def hub_client_installed(venv: str):
     pyver, machine = node["version"], node["machine"]
     if pyver not in hub_lock.PYTHONS or machine not in hub_lock.MACHINES:
         yield fail_host(f"{host.name}: the hub client lock has no wheels for Python {pyver[0]}.{pyver[1:]} on "
-                        f"{machine}: add it to deploys/hub_lock.py and run `python -m deploys.hub_lock`")
+                        f"{machine}: add it to deploys/model/hub_lock.py and run `python -m deploys.model.hub_lock`")
         return
     try:
         wheels = control_wheels(pyver, machine)

@@ -37,10 +37,10 @@ from pyinfra.api.host import Host
 from pyinfra.context import ctx_host
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-from deploys.run_state import keep, kept
+from deploys.run.state import keep, kept
 
 _EXPECTED = "expected fact reads"  # per host: reads to make together with the next unanswered one
-_ANSWERS = "fact answers"  # per host (deploys/run_state.py): {(fact, args): answer}, or None once a command ran
+_ANSWERS = "fact answers"  # per host (deploys/run/state.py): {(fact, args): answer}, or None once a command ran
 _COMMANDS = (pyinfra_command.StringCommand, pyinfra_command.FileUploadCommand,
              pyinfra_command.FileDownloadCommand, pyinfra_command.FunctionCommand, pyinfra_command.RsyncCommand)
 

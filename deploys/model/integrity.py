@@ -17,9 +17,9 @@ from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.operations import systemd
 
-from deploys.fact_cache import expect, service_reads
+from deploys.run.fact_cache import expect, service_reads
 from deploys.inventory import node_config
-from deploys.model_snapshot import MANIFEST, RECORD, STAMP, VERIFIER
+from deploys.model.snapshot import MANIFEST, RECORD, STAMP, VERIFIER
 from deploys.ops import atomic_put
 from deploys.schema import NodeConfig
 from deploys.unit_text import command_line, unit_word
@@ -40,6 +40,8 @@ def verify_argv(cfg: NodeConfig) -> list[str]:
     return argv
 
 
+# The units' header still names this file's path before deploys/model/: other text would rewrite every node's
+# units (and reload systemd) on the next converge, so it changes with the units' next real change.
 def render_service(cfg: NodeConfig) -> str:
     return (
         "# Managed by inference-nodes (deploys/model_integrity.py); local edits are overwritten.\n"

@@ -1,6 +1,6 @@
-"""Control-node download for the `push` mode, run as a subprocess by deploys/model_push.py:
+"""Control-node download for the `push` mode, run as a subprocess by deploys/model/push.py:
 
-    python -m deploys.model_fetch REPO COMMIT MANIFEST CACHE ENDPOINT [--token-file F]
+    python -m deploys.model.fetch REPO COMMIT MANIFEST CACHE ENDPOINT [--token-file F]
 
 Downloads the pinned commit into CACHE (HF layout, blobs as plain files so rsync can ship them), then
 verifies it with the same verifier the nodes run. Prints the snapshot path on success; progress and

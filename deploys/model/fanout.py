@@ -35,9 +35,9 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 
 from deploys.inventory import inventory_configs, node_config
-from deploys.model_push import push_from_control
+from deploys.model.push import push_from_control
 from deploys.ops import fail_host, upload_private, uses_sudo
-from deploys.run_state import kept, this_run
+from deploys.run.state import kept, this_run
 from deploys.schema import NodeConfig
 from facts.model import SeedDaemon
 from files import helper_text
@@ -105,7 +105,7 @@ class _Run:
 
 
 def _run(state=None) -> _Run:
-    """This run's fan-out (deploys/run_state.py), planned for the hosts it connected."""
+    """This run's fan-out (deploys/run/state.py), planned for the hosts it connected."""
     state = state if state is not None else this_run()
 
     def planned() -> _Run:

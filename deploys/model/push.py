@@ -14,7 +14,7 @@ from pyinfra import logger
 
 from deploys.inventory import node_config, ssh_options
 from deploys.ops import ControlNodeError, host_failed, uses_sudo
-from deploys.run_state import kept
+from deploys.run.state import kept
 from deploys.schema import NodeConfig
 from files.model_snapshot.peer_pull import balanced, parallel_rsync  # the same streams on both sides
 from files.model_snapshot.snapshot_manifest import inside
@@ -31,7 +31,7 @@ def control_snapshot(cfg: NodeConfig, state) -> str:
     fetched: dict[tuple, str] = kept(state, "control-node snapshots", dict)
     with _control_dir_locks.setdefault(key, gevent.lock.Semaphore()):
         if key not in fetched:
-            cmd = [sys.executable, "-m", "deploys.model_fetch", cfg.model_repo, cfg.model_revision,
+            cmd = [sys.executable, "-m", "deploys.model.fetch", cfg.model_repo, cfg.model_revision,
                    os.path.abspath(cfg.model_manifest), cfg.model_control_cache, cfg.model_hub_endpoint]
             if cfg.model_hub_token_file:
                 cmd += ["--token-file", cfg.model_hub_token_file]
