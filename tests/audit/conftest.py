@@ -112,8 +112,9 @@ def head_only():
 def ssh_config(tmp_path_factory, pytestconfig) -> str:
     os.makedirs(os.path.expanduser("~/.ssh"), mode=0o700, exist_ok=True)
     path = tmp_path_factory.mktemp("audit") / "ssh_config"
-    nodes = load_nodes(pytestconfig.getoption("inventory"), tuple(pytestconfig.getoption("limit")))
-    path.write_text("".join(_ssh_config_block(name, data) for name, _, data in nodes if not name.startswith("@")))
+    # every validated host, not only the limit's: a head's checks reach its cluster's workers (cluster_members)
+    _, data, _ = audited_inventory(pytestconfig.getoption("inventory"), tuple(pytestconfig.getoption("limit")))
+    path.write_text("".join(_ssh_config_block(name, d) for name, d in data.items() if not name.startswith("@")))
     return str(path)
 
 
