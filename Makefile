@@ -19,8 +19,10 @@ venv: $(BIN)/pyinfra
 sandbox-deps:
 	$(NODE_SH) deps
 
-# The whole suite: unit tier, then the node tier on sandbox nodes (booted and torn down by the tests).
+# The whole suite: the unit tier with the oldest and newest pyinfra the pin allows where either is not the one
+# installed (tests/pyinfra_range.py), then unit and node tiers on sandbox nodes (booted and torn down by the tests).
 test: venv sandbox-deps
+	$(BIN)/python -m tests.pyinfra_range
 	$(BIN)/python -m pytest --durations=30
 
 unit: venv

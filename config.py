@@ -2,7 +2,7 @@
 # Attributes must be assigned on `config`: bare names here are ignored by pyinfra.
 from pyinfra import config
 
-config.REQUIRE_PYINFRA_VERSION = "==3.10.0"
+config.REQUIRE_PYINFRA_VERSION = "~=3.10.0"  # patch releases; the same range as pyproject.toml
 
 # Before pyinfra loads the inventory or connects to any host (deploys/validate.py): `--limit` resolved as every
 # entry point resolves it (a limit that selects nothing is an error), and the inventory validated: a bad value is
