@@ -49,7 +49,6 @@ from facts.nvidia import (
 
 PIN_FILE = "/etc/apt/preferences.d/90-inference-nodes-nvidia-driver"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51inference-nodes-nvidia-driver"
-SOURCE_FILE = CUDA_SOURCE
 KEYRING = "/etc/apt/keyrings/inference-nodes-nvidia-cuda.gpg"
 NOUVEAU_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
 HEADER = "# Managed by inference-nodes (deploys/nvidia_driver.py); local edits are overwritten.\n"
@@ -237,11 +236,11 @@ def driver_loaded(root: str, allow_reboot: bool, reboot_delay: int = 10):
 @deploy("NVIDIA driver")
 def nvidia_driver():
     cfg: NodeConfig = node_config()
-    batch = (PIN_FILE, UNATTENDED_FILE, SOURCE_FILE, NOUVEAU_FILE)  # read in one round trip
+    batch = (PIN_FILE, UNATTENDED_FILE, CUDA_SOURCE, NOUVEAU_FILE)  # read in one round trip
     branch = cfg.nvidia_driver_branch
     module = {"root": cfg.nvidia_module_root}
     expect([(ManagedFiles, {"paths": batch}), *APT_READS, (KeyringFingerprints, {"path": KEYRING}), (OsRelease, {}),
-            (File, {"path": SOURCE_FILE}), (File, {"path": KEYRING}), *follow_up_reads(INITRAMFS_STAMP, LISTS_STAMP),
+            (File, {"path": CUDA_SOURCE}), (File, {"path": KEYRING}), *follow_up_reads(INITRAMFS_STAMP, LISTS_STAMP),
             (NvidiaDriverPackages, {}), (NvidiaKernelModule, module), (KernelPackages, {}), (AptHolds, {})])
     branch_allowed(
         name=f"Refuse a host on another driver branch than {branch}",
@@ -264,7 +263,7 @@ def nvidia_driver():
         user="root", group="root", mode="0644",
     )
     if cfg.nvidia_driver_source != "cuda_repo":  # a node that once installed from it: apt must not keep it
-        files.file(name="Remove NVIDIA's CUDA repo source (the driver does not come from it)", path=SOURCE_FILE,
+        files.file(name="Remove NVIDIA's CUDA repo source (the driver does not come from it)", path=CUDA_SOURCE,
                    present=False)
         files.file(name="Remove NVIDIA's CUDA repo key", path=KEYRING, present=False)
     if cfg.nvidia_driver_source != "preinstalled":
@@ -288,11 +287,11 @@ def nvidia_driver():
                 batch=batch,
                 name=f"Add NVIDIA's CUDA repo ({repo_path})",
                 src=StringIO(source),
-                dest=SOURCE_FILE,
+                dest=CUDA_SOURCE,
                 user="root", group="root", mode="0644",
                 resets=follow_up_stamp(LISTS_STAMP),
             )
-            repo_files.append((SOURCE_FILE, source))
+            repo_files.append((CUDA_SOURCE, source))
         atomic_put(
             batch=batch,
             name="Blacklist nouveau",

@@ -43,7 +43,7 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: li
     }
     if cfg.nvidia_driver_source == "cuda_repo":
         path = nvidia_driver.cuda_repo_path({"id": distro, "version_id": ""}, cfg.node_arch)
-        out[nvidia_driver.SOURCE_FILE] = nvidia_driver.render_cuda_source(cfg, path)
+        out[nvidia_driver.CUDA_SOURCE] = nvidia_driver.render_cuda_source(cfg, path)
     if cfg.registry_auth_file:
         out[container_runtime.AUTH_FILE] = "# not rendered: the deploy copies registry_auth_file here (0600)\n"
     if cfg.model_hub_token_file:
