@@ -55,11 +55,11 @@ def test_converge(sandbox):
     for port in (8101, 8102):  # sandbox-a, sandbox-b0: no wait here, the converge did it
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
             assert r.status == 200
-    # long steps print their progress as they go, without -v: the model's download (bytes, rate) and its full
-    # re-hash, on every node (deploys/ops.py shown); the wait for vLLM names its stage
+    # long steps print their progress as they go, without -v: the model's copy (bytes, rate; the sandbox's push
+    # mode: from the control node or a peer) and its full re-hash, on every node; the wait for vLLM, its stage
     for node in sandbox:
-        assert re.search(rf"\[{node}\] +model sync: [0-9.]+ of [0-9.]+ GB, [0-9.]+ MB/s, [0-9]+ s \(done\)",
-                         proc.stderr), proc.stderr[-3000:]
+        assert re.search(rf"\[{node}\] +model sync from [^:]+(:[0-9]+)?: [0-9.]+ of [0-9.]+ GB, [0-9.]+ MB/s, "
+                         r"[0-9]+ s \(done\)", proc.stderr), proc.stderr[-3000:]
         assert re.search(rf"\[{node}\] +verify: [0-9.]+/[0-9.]+ GB hashed", proc.stderr), proc.stderr[-3000:]
     assert re.search(r"\[sandbox-a\] +waiting for grandpa.service: [0-9]+ s, ", proc.stderr), proc.stderr[-3000:]
 

@@ -7,6 +7,7 @@ Runs after the earlier modules on the same session nodes (test_10 converged them
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -149,6 +150,9 @@ def test_hub_mode_downloads_on_the_node_and_resumes_after_an_interruption(sandbo
     changed = [name for name, _ in changed_operations(first)]
     assert "Model snapshot | Install huggingface_hub 2.4.0 (wheels from the control node)" in changed
     assert SYNC in changed
+    # the download printed its progress without -v (bytes written on the node of the bytes it lacked)
+    assert re.search(rf"\[{node}\] +model sync: [0-9.]+ of [0-9.]+ GB, [0-9.]+ MB/s, [0-9]+ s.* \(done\)",
+                     first.stderr), first.stderr[-3000:]
     assert gate(node).returncode == 0
     assert on_node(node, f"find {CACHE} -name '*.incomplete' | wc -l").stdout.strip() == "0"
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", *hub)) == []
