@@ -84,7 +84,7 @@ def push_from_control(state, host, refetch: list[str]) -> bool:
     expect = sum(sizes.values())
 
     def report(done: int, elapsed: float, final: bool) -> None:
-        host.log_styled(progress_line(done, expect, elapsed, " from the control node") + (" (done)" if final else ""),
+        host.log_styled(progress_line(done, expect, elapsed, " from the control node", final),
                         log_func=logger.info)
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -30,7 +30,7 @@ def report_progress(dest: str, expect: int, every: float, stop: threading.Event)
     while not stop.wait(every):
         print(progress_line(max(0, written_bytes(dest) - base), expect, time.monotonic() - t0), file=sys.stderr,
               flush=True)
-    print(progress_line(max(0, written_bytes(dest) - base), expect, time.monotonic() - t0) + " (done)",
+    print(progress_line(max(0, written_bytes(dest) - base), expect, time.monotonic() - t0, final=True),
           file=sys.stderr, flush=True)
 
 

@@ -147,7 +147,7 @@ def main() -> int:
         expect, peer = sum(wanted.values()), urllib.parse.urlsplit(args.url).netloc.rsplit("@", 1)[-1]
 
         def report(done: int, elapsed: float, final: bool) -> None:
-            print(progress_line(done, expect, elapsed, f" from {peer}") + (" (done)" if final else ""),
+            print(progress_line(done, expect, elapsed, f" from {peer}", final),
                   file=sys.stderr, flush=True)
 
         failures = parallel_rsync(daemon, args.url, args.dest + "/", balanced(list(wanted), wanted, args.streams), tmp,

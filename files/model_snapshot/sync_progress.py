@@ -3,6 +3,7 @@ node): the hub download, a peer pull and the control node's push print it every 
 the end, so a 160 GB sync is not minutes of silence in the run a person watches.
 
     model sync: 12.40 of 160.00 GB, 410.2 MB/s, 30 s, about 384 s left
+    model sync: 160.00 of 160.00 GB, 412.0 MB/s, 388 s (done)
 """
 
 from __future__ import annotations
@@ -15,10 +16,15 @@ import threading
 PROGRESS_EVERY_S = 30.0
 
 
-def progress_line(done: int, expect: int, elapsed: float, where: str = "") -> str:
-    """``done`` of ``expect`` bytes after ``elapsed`` seconds, the rate so far and the time left at that rate."""
+def progress_line(done: int, expect: int, elapsed: float, where: str = "", final: bool = False) -> str:
+    """``done`` of ``expect`` bytes after ``elapsed`` seconds (GB, or MB below a GB), the rate so far and the
+    time left at that rate; the ``final`` line says "(done)" instead."""
     rate = done / elapsed if elapsed > 0 else 0.0
-    line = f"model sync{where}: {done / 1e9:.2f} of {expect / 1e9:.2f} GB, {rate / 1e6:.1f} MB/s, {elapsed:.0f} s"
+    unit, name = (1e9, "GB") if expect >= 1e9 else (1e6, "MB")
+    line = (f"model sync{where}: {done / unit:.2f} of {expect / unit:.2f} {name}, {rate / 1e6:.1f} MB/s, "
+            f"{elapsed:.0f} s")
+    if final:
+        return line + " (done)"
     if rate > 0 and done < expect:
         line += f", about {(expect - done) / rate:.0f} s left"
     return line

@@ -58,7 +58,7 @@ def test_converge(sandbox):
     # long steps print their progress as they go, without -v: the model's copy (bytes, rate; the sandbox's push
     # mode: from the control node or a peer) and its full re-hash, on every node; the wait for vLLM, its stage
     for node in sandbox:
-        assert re.search(rf"\[{node}\] +model sync from [^:]+(:[0-9]+)?: [0-9.]+ of [0-9.]+ GB, [0-9.]+ MB/s, "
+        assert re.search(rf"\[{node}\] +model sync from [^:]+(:[0-9]+)?: [0-9.]+ of [0-9.]+ [GM]B, [0-9.]+ MB/s, "
                          r"[0-9]+ s \(done\)", proc.stderr), proc.stderr[-3000:]
         assert re.search(rf"\[{node}\] +verify: [0-9.]+/[0-9.]+ GB hashed", proc.stderr), proc.stderr[-3000:]
     assert re.search(r"\[sandbox-a\] +waiting for grandpa.service: [0-9]+ s, ", proc.stderr), proc.stderr[-3000:]

@@ -151,7 +151,7 @@ def test_hub_mode_downloads_on_the_node_and_resumes_after_an_interruption(sandbo
     assert "Model snapshot | Install huggingface_hub 2.4.0 (wheels from the control node)" in changed
     assert SYNC in changed
     # the download printed its progress without -v (bytes written on the node of the bytes it lacked)
-    assert re.search(rf"\[{node}\] +model sync: [0-9.]+ of [0-9.]+ GB, [0-9.]+ MB/s, [0-9]+ s.* \(done\)",
+    assert re.search(rf"\[{node}\] +model sync: [0-9.]+ of [0-9.]+ [GM]B, [0-9.]+ MB/s, [0-9]+ s.* \(done\)",
                      first.stderr), first.stderr[-3000:]
     assert gate(node).returncode == 0
     assert on_node(node, f"find {CACHE} -name '*.incomplete' | wc -l").stdout.strip() == "0"

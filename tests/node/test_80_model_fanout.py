@@ -87,7 +87,7 @@ def test_a_verified_peer_feeds_the_third_node(sandbox, one_group):
     assert any(re.search(pulled, line) for line in b1), proc.stderr[-3000:]
     assert not any("pushed" in line for line in b1), "the control node fed sandbox-b1"
     # each copy printed its progress as it went (bytes of the expected total, rate), ending with a line of its own
-    total = "of [0-9.]+ GB"
+    total = "of [0-9.]+ [GM]B"
     for node in ("sandbox-a", "sandbox-b0"):
         assert any(re.search(rf"model sync from the control node: [0-9.]+ {total}, .* \(done\)", line)
                    for line in host_lines(proc, node)), proc.stderr[-3000:]

@@ -30,5 +30,9 @@ def test_parallel_rsync_reports_the_bytes_its_streams_copied(tmp_path):
 def test_the_line_says_bytes_rate_and_time_left():
     assert progress_line(40_000_000_000, 160_000_000_000, 100.0) == (
         "model sync: 40.00 of 160.00 GB, 400.0 MB/s, 100 s, about 300 s left")
-    assert progress_line(5, 5, 1.0, " from 10.0.0.2:8731") == "model sync from 10.0.0.2:8731: 0.00 of 0.00 GB, 0.0 MB/s, 1 s"
-    assert progress_line(0, 10, 0.0) == "model sync: 0.00 of 0.00 GB, 0.0 MB/s, 0 s"
+    assert progress_line(160_000_000_000, 160_000_000_000, 390.0, final=True) == (
+        "model sync: 160.00 of 160.00 GB, 410.3 MB/s, 390 s (done)")
+    # below a GB in MB; the last line never promises time left (an hf_cache copy's links count in the total)
+    assert progress_line(1_200_000, 1_250_402, 1.0, " from 10.0.0.2:8731", final=True) == (
+        "model sync from 10.0.0.2:8731: 1.20 of 1.25 MB, 1.2 MB/s, 1 s (done)")
+    assert progress_line(0, 10, 0.0) == "model sync: 0.00 of 0.00 MB, 0.0 MB/s, 0 s"
