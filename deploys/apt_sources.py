@@ -13,8 +13,9 @@ each file first.
 from __future__ import annotations
 
 from pyinfra import host, logger
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand
 
+from deploys.run.reads import operation, read
 from deploys.schema import NodeConfig
 from facts.apt import AptSourcesNaming
 
@@ -56,7 +57,7 @@ def foreign_sources_disabled(uris: tuple[str, ...], own: tuple[str, ...]):
     + uris: the repo URIs the toolkit's own sources name
     + own: the toolkit's own source files
     """
-    found = host.get_fact(AptSourcesNaming, uris=uris, own=own)
+    found = read(host, AptSourcesNaming, uris=uris, own=own)
     if not found:
         host.noop("no other apt source names the NVIDIA repos")
         return

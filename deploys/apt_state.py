@@ -22,13 +22,13 @@ from datetime import datetime, timedelta, timezone
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Date
 
 from deploys.apt_sources import foreign_sources_disabled, sources_args
-from deploys.run.fact_cache import FactRead, expect
+from deploys.run.reads import FactRead, expect, operation, read
 from deploys.inventory import node_config
 from deploys.ops import atomic_put, lock_timeout, lock_waiting
 from facts.apt import AptSourcesNaming
@@ -56,9 +56,9 @@ def apt_lists_updated(cache_time: int | None = None):
     + cache_time: seconds the lists count as fresh (None: always update)
     """
     if cache_time:
-        stamp = host.get_fact(File, path=UPDATE_STAMP)
+        stamp = read(host, File, path=UPDATE_STAMP)
         if stamp and stamp.get("mtime"):
-            now = datetime.fromtimestamp(host.get_fact(Date).timestamp(), timezone.utc).replace(tzinfo=None)
+            now = datetime.fromtimestamp(read(host, Date).timestamp(), timezone.utc).replace(tzinfo=None)
             if stamp["mtime"] > now - timedelta(seconds=cache_time):
                 host.noop("apt lists are fresh")
                 return
@@ -80,7 +80,7 @@ def _say_repair(state, host, problems: list[str]) -> bool:
 @operation()
 def dpkg_repaired():
     """`dpkg --configure -a` when `dpkg --audit` reports an interrupted run; then the audit must be empty."""
-    problems = host.get_fact(DpkgAudit)
+    problems = read(host, DpkgAudit)
     if not problems:
         host.noop("dpkg --audit reports nothing")
         return

@@ -13,16 +13,18 @@ from io import StringIO
 
 from packaging.version import Version
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
-from pyinfra.operations import apt, files, systemd
 
 from deploys.apt_sources import DEB_ARCH, TOOLKIT_SOURCE, toolkit_repo_uri
 from deploys.apt_state import APT_READS, apt_lists_updated
-from deploys.run.fact_cache import expect, service_reads
+from deploys.run.reads import expect, operation, read, service_reads
 from deploys.inventory import node_config
 from deploys.ops import (
+    file_absent,
+    packages_installed,
+    unit_running,
     apt_held,
     atomic_put,
     fail_host,
@@ -98,7 +100,7 @@ def toolkit_installed(packages: list[str], version: str):
     + packages: toolkit package names
     + version: Debian version
     """
-    installed = host.get_fact(DebPackages)
+    installed = read(host, DebPackages)
     missing = [p for p in packages if version not in installed.get(p, [])]
     if not missing:
         host.noop(f"{', '.join(packages)} at {version}")
@@ -115,7 +117,7 @@ def podman_at_least(minimum: str):
 
     + minimum: oldest acceptable version
     """
-    version = host.get_fact(PodmanVersion)
+    version = read(host, PodmanVersion)
     if version is None or Version(version) < Version(minimum):
         yield fail_host(f"{host.name}: Podman {version or 'is not installed'}; podman_min_version is {minimum}")
         return
@@ -123,8 +125,8 @@ def podman_at_least(minimum: str):
 
 
 def _check_spec_after_refresh(state, host, path: str, gpu_indices: list[int], root: str, no_gids: bool):
-    spec = host.get_fact(CdiSpec, path=path)
-    loaded = host.get_fact(NvidiaKernelModule, root=root).get("version")
+    spec = read(host, CdiSpec, path=path)
+    loaded = read(host, NvidiaKernelModule, root=root).get("version")
     problem = cdi_problem(spec, gpu_indices, loaded, no_gids)
     if problem:
         host.log_styled(f"{path} after nvidia-cdi-refresh: {problem}; devices: "
@@ -143,8 +145,8 @@ def cdi_spec_current(path: str, gpu_indices: list[int], module_root: str, no_add
     + module_root: where the loaded module's version is read
     + no_additional_gids: a spec with additionalGids is stale
     """
-    spec = host.get_fact(CdiSpec, path=path)
-    loaded = host.get_fact(NvidiaKernelModule, root=module_root).get("version")
+    spec = read(host, CdiSpec, path=path)
+    loaded = read(host, NvidiaKernelModule, root=module_root).get("version")
     problem = cdi_problem(spec, gpu_indices, loaded, no_additional_gids)
     if problem is None:
         host.noop(f"{path} lists nvidia.com/gpu={','.join(map(str, gpu_indices))} for driver {loaded}")
@@ -164,7 +166,7 @@ def image_present(image: str, digest: str | None, authfile: str | None = None):
     + authfile: registry credentials on the node
     """
     ref = f"{image}@{digest}" if digest else image
-    present = host.get_fact(PodmanImageDigests, ref=ref)
+    present = read(host, PodmanImageDigests, ref=ref)
     if digest and digest in present:
         host.noop(f"{ref} present")
         return
@@ -182,7 +184,7 @@ def image_present(image: str, digest: str | None, authfile: str | None = None):
 
 def _check_digest_after_pull(state, host, ref: str, digest: str):
     """The pulled reference must carry the pinned digest (read afresh: a command ran on this host)."""
-    pulled = host.get_fact(PodmanImageDigests, ref=ref)
+    pulled = read(host, PodmanImageDigests, ref=ref)
     if digest not in pulled:
         host.log_styled(f"pulled {ref} but it answers to {', '.join(pulled) or 'no digest podman shows'}, want {digest}",
                         fg="red", log_func=logger.error)
@@ -202,10 +204,10 @@ def container_runtime():
             (PodmanImageDigests, {"ref": cfg.image_ref})])
     # catatonit: the init a unit with RunInit=true (deployment A) needs; a Recommends that minimal installs skip
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
-    apt.packages(name="Install Podman from the distribution", packages=["podman", "catatonit"])
+    packages_installed(name="Install Podman from the distribution", packages=["podman", "catatonit"])
     podman_at_least(name=f"Check Podman >= {cfg.podman_min_version}", minimum=cfg.podman_min_version)
 
-    apt.packages(name="Install what fetching and checking repo keys needs", packages=["curl", "gpg", "ca-certificates"])
+    packages_installed(name="Install what fetching and checking repo keys needs", packages=["curl", "gpg", "ca-certificates"])
     keyring_verified(
         name="Install the container toolkit repo key (fingerprint checked)",
         url=cfg.nvidia_toolkit_key_url,
@@ -239,10 +241,10 @@ def container_runtime():
         user="root", group="root", mode="0644", create_remote_dir=True,
         resets=follow_up_stamp(REFRESH_STAMP),
     )
-    files.file(name=f"Remove a second, hand-made CDI spec ({STALE_SPEC})", path=STALE_SPEC, present=False)
-    systemd.service(name="Regenerate CDI specs when the driver changes", service="nvidia-cdi-refresh.path",
+    file_absent(name=f"Remove a second, hand-made CDI spec ({STALE_SPEC})", path=STALE_SPEC)
+    unit_running(name="Regenerate CDI specs when the driver changes", unit="nvidia-cdi-refresh.path",
                     running=True, enabled=True)
-    systemd.service(name="Regenerate CDI specs at boot", service="nvidia-cdi-refresh.service", running=None,
+    unit_running(name="Regenerate CDI specs at boot", unit="nvidia-cdi-refresh.service", running=None,
                     enabled=True)  # a oneshot: enabled, not kept running
     follow_up_done(name="Regenerate the CDI spec after a configuration change", stamp=REFRESH_STAMP,
                    command="systemctl restart nvidia-cdi-refresh.service", paths=(REFRESH_ENV,),
@@ -266,7 +268,7 @@ def container_runtime():
         secret_file(name="Install registry credentials (0600, never printed)", src=cfg.registry_auth_file,
                     dest=AUTH_FILE)
     else:  # credentials taken out of the inventory leave the node too (decided from the file being there)
-        files.file(name="Remove registry credentials no longer in the inventory", path=AUTH_FILE, present=False)
+        file_absent(name="Remove registry credentials no longer in the inventory", path=AUTH_FILE)
     image_present(
         name="Pull the service image by digest",
         image=cfg.image,

@@ -11,13 +11,12 @@ import posixpath
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, StringCommand, deploy
 from pyinfra.facts.files import Directory, File
-from pyinfra.operations import files
 
-from deploys.run.fact_cache import expect
+from deploys.run.reads import expect, operation, read
 from deploys.inventory import node_config
-from deploys.ops import atomic_put, fail_host, host_failed, secret_file
+from deploys.ops import directory_present, file_absent, atomic_put, fail_host, host_failed, secret_file
 from deploys.schema import NodeConfig
 from deploys.unit_text import env_file_line
 from facts.host import ManagedFiles, MountSizeBytes, SystemdDefaultLimits
@@ -86,7 +85,7 @@ def host_shm_large_enough():
     if not cfg.container_ipc_host:
         host.noop(f"the container gets a /dev/shm of its own (ShmSize={cfg.shm_size_rendered})")
         return
-    size = host.get_fact(MountSizeBytes, path="/dev/shm")
+    size = read(host, MountSizeBytes, path="/dev/shm")
     problem = host_shm_problem(cfg, size)
     if problem:
         yield fail_host(f"{host.name}: {problem}")
@@ -95,7 +94,7 @@ def host_shm_large_enough():
 
 
 def _manager_limits_problem(state, host, want: dict[str, str]) -> bool:
-    have = host.get_fact(SystemdDefaultLimits, names=tuple(want))  # read afresh: a command ran on the host
+    have = read(host, SystemdDefaultLimits, names=tuple(want))  # read afresh: a command ran on the host
     wrong = {k: have.get(k) for k, v in want.items() if have.get(k) != v}
     if not wrong:
         return True
@@ -110,7 +109,7 @@ def systemd_defaults_applied():
     systemd's own state, not from the write's change: a run killed (or a re-exec failed) between writing the
     drop-in and the re-exec is completed by the next run. Fails the host when a re-exec does not bring them."""
     want = systemd_default_limits(node_config())
-    if host.get_fact(SystemdDefaultLimits, names=tuple(want)) == want:
+    if read(host, SystemdDefaultLimits, names=tuple(want)) == want:
         host.noop("systemd gives services the configured default limits")
         return
     yield StringCommand("systemctl", "daemon-reexec")
@@ -148,10 +147,9 @@ def host_tuning():
         )
         systemd_defaults_applied(name="Re-execute systemd so the new default limits apply")
     else:  # the unit's own limits suffice (Limit*= and the container's --ulimit)
-        files.file(name="Remove the login limits (limits.d; limits_host_wide is off)", path=LIMITS_FILE, present=False)
-        files.file(name="Remove systemd's default limits (limits_host_wide is off)", path=SYSTEMD_DEFAULTS_FILE,
-                   present=False)
-    files.directory(
+        file_absent(name="Remove the login limits (limits.d; limits_host_wide is off)", path=LIMITS_FILE)
+        file_absent(name="Remove systemd's default limits (limits_host_wide is off)", path=SYSTEMD_DEFAULTS_FILE)
+    directory_present(
         name="Create the fabric env file's directory",
         path=posixpath.dirname(cfg.fabric_env_file),
         user="root",

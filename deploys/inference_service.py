@@ -24,17 +24,16 @@ from datetime import datetime, timezone
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy
 from pyinfra.facts.files import Directory, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
-from pyinfra.operations import files
 
 from deploys.model import integrity as model_integrity
 from deploys.host_tuning import render_fabric_env
-from deploys.run.fact_cache import expect
+from deploys.run.reads import expect, operation, read, run_on
 from deploys.inventory import cluster_member_names, node_cluster, node_config
 from deploys.model.snapshot import GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER
-from deploys.ops import (atomic_put, cluster_all_here, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
+from deploys.ops import (atomic_put, directory_present, cluster_all_here, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
                          follow_up_stamp, host_failed, secret_file, uses_sudo)
 from deploys.serving_gate import (failed_checks, gate_checks, gate_command, journal_told, parse_readiness, readiness_command,
                                   wait_serving)
@@ -300,7 +299,7 @@ def vllm_accepts(unit_path: str, unit_text: str, check: str | None):
     + unit_text: the unit about to be installed
     + check: the check command (None: the image's own script builds the arguments, nothing to parse)
     """
-    installed = host.get_fact(Sha256File, path=unit_path)
+    installed = read(host, Sha256File, path=unit_path)
     if installed == hashlib.sha256(unit_text.encode()).hexdigest():
         host.noop("unit unchanged, its command line was checked when it was installed")
         return
@@ -339,7 +338,7 @@ def cluster_changes_whole(unit_path: str, unit_text: str, cluster: str, members:
     if len(members) < 2:
         host.noop("a single-node cluster")
         return
-    if host.get_fact(Sha256File, path=unit_path) == hashlib.sha256(unit_text.encode()).hexdigest():
+    if read(host, Sha256File, path=unit_path) == hashlib.sha256(unit_text.encode()).hexdigest():
         host.noop("unit unchanged")
         return
     yield FunctionCommand(cluster_all_here, (cluster, members), {})
@@ -360,8 +359,8 @@ def service_current(service: str, started_from: str, fingerprint: str, record: s
     if not act:
         host.noop("started in the other rank-ordered step")
         return
-    running = host.get_fact(SystemdStatus, services=[service]).get(service)  # one unit, not all of them
-    start = host.get_fact(ServiceStartedFrom, record=started_from, stamp=STAMP)
+    running = read(host, SystemdStatus, services=[service]).get(service)  # one unit, not all of them
+    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
     reason = restart_reason(running, start, fingerprint)
     if reason is None:
         host.noop(f"{service} running, started from the rendered unit and the verified snapshot")
@@ -472,7 +471,7 @@ def _serves(host, cfg: NodeConfig, head: bool, model: str, run, progress, sudo: 
         return ready, why, now
     progress(why)
     t0 = time.monotonic()
-    ok, out = host.run_shell_command(StringCommand(gate_command(cfg, model)), **sudo)
+    ok, out = run_on(host, StringCommand(gate_command(cfg, model)), **sudo)
     checks = gate_checks(out.stdout)
     failed = failed_checks(checks)
     if not ok or failed:
@@ -492,10 +491,10 @@ class _Member:
         self.sudo = {"_sudo": True} if uses_sudo(host) else {}
 
     def run(self, command: str) -> str:
-        return self.host.run_shell_command(StringCommand(command), **self.sudo)[1].stdout
+        return run_on(self.host, StringCommand(command), **self.sudo)[1].stdout
 
     def ok(self, command: str) -> bool:
-        return self.host.run_shell_command(StringCommand(command), **self.sudo)[0]
+        return run_on(self.host, StringCommand(command), **self.sudo)[0]
 
     def good(self) -> dict | None:
         """The last good release kept on this member (None: none, or unreadable)."""
@@ -613,14 +612,14 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
     + workers: a head's workers (rank > 0), in rank order: kept and rolled back with it
     + model: the name clients ask for
     """
-    running = host.get_fact(SystemdStatus, services=[service]).get(service)
-    start = host.get_fact(ServiceStartedFrom, record=started_from, stamp=STAMP)
+    running = read(host, SystemdStatus, services=[service]).get(service)
+    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
     current = restart_reason(running, start, fingerprint) is None
     if not head and current:
         host.noop(f"{service} runs the rendered launch (its head's gate checks the job)")
         return
     if head:
-        passed = host.get_fact(GatePassed, record=record, service=service)
+        passed = read(host, GatePassed, record=record, service=service)
         last = passed["release"] or {}
         if current and last.get("release") == release["release"]:
             host.noop(f"{service} passed the serving gate for release {release['release']} at {last.get('passed_at')}")
@@ -651,7 +650,7 @@ def releases_pruned(pruner: str, model_dir: str, layout: str, history: str, kept
     + image: the image reference the inventory asks for
     """
     args = dict(pruner=pruner, model_dir=model_dir, layout=layout, history=history, kept=kept, keep=keep, image=image)
-    plan = host.get_fact(ReleasesOnDisk, **args)
+    plan = read(host, ReleasesOnDisk, **args)
     if not plan["history"]:
         host.noop("no release has passed the serving gate here yet: nothing is pruned")
         return
@@ -690,7 +689,7 @@ def inference_service():
     atomic_put(batch=batch, name="Install the multi-node job probe", src=helper_path("inference_service/job_probe.py"),
               dest=JOB_PROBE, user="root", group="root", mode="0644", create_remote_dir=True)
     for path in volume_dirs:
-        files.directory(name="Create the persistent JIT cache and tmp directories", path=path,
+        directory_present(name="Create the persistent JIT cache and tmp directories", path=path,
                         user="root", group="root", mode="0755")
     check = args_check_command(cfg, vllm_argv(cfg, head, nodes)) if cfg.vllm_launch == "cli" else None
     vllm_accepts(name="Check the new command line with the image's own vLLM", unit_path=unit_path,

@@ -12,17 +12,19 @@ from __future__ import annotations
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy
 from pyinfra.facts.files import File
 from pyinfra.facts.server import OsRelease
-from pyinfra.operations import apt, files, server
+from pyinfra.operations import server
 
 from deploys.apt_sources import CUDA_SOURCE, cuda_repo_path, cuda_repo_uri
 from deploys.apt_state import APT_READS, apt_lists_updated
-from deploys.run.fact_cache import expect
+from deploys.run.reads import expect, operation, read
 from deploys.inventory import node_config
 from deploys.model.snapshot import resources_args
 from deploys.ops import (
+    file_absent,
+    packages_installed,
     apt_held,
     atomic_put,
     fail_host,
@@ -111,8 +113,8 @@ def branch_allowed(branch: str, allow_change: bool):
     + allow_change: move the host instead of refusing it
     """
     cfg = node_config()
-    packages = host.get_fact(NvidiaDriverPackages)
-    module = host.get_fact(NvidiaKernelModule, root=cfg.nvidia_module_root)
+    packages = read(host, NvidiaDriverPackages)
+    module = read(host, NvidiaKernelModule, root=cfg.nvidia_module_root)
     others = other_branch_packages(packages, branch)
     found = [f"{n} {v}" for n, v in sorted(others.items())]
     loaded = module.get("version")
@@ -150,7 +152,7 @@ def driver_installed(packages: list[str], branch: str):
     + packages: package names to install (no versions)
     + branch: the driver branch every installed driver package must be on
     """
-    facts = host.get_fact(NvidiaDriverPackages)
+    facts = read(host, NvidiaDriverPackages)
     installed = facts.get("installed", {})
     missing = [p for p in packages if p not in installed]
     off_branch = sorted(other_branch_packages(facts, branch))
@@ -174,10 +176,10 @@ def driver_held(kernel: str | None = None):
 
     + kernel: a kernel release, or ``running`` for the one the node runs (`uname -r`)
     """
-    facts = host.get_fact(NvidiaDriverPackages)
+    facts = read(host, NvidiaDriverPackages)
     wanted = sorted(facts.get("installed", {}))
     if kernel:
-        packages = host.get_fact(KernelPackages)
+        packages = read(host, KernelPackages)
         release = packages.get("running") if kernel == "running" else kernel
         kernel_pkgs = kernel_hold_set(packages, release or "")
         if not kernel_pkgs:
@@ -189,8 +191,8 @@ def driver_held(kernel: str | None = None):
 
 def current_driver_state(node, root: str) -> DriverStateDict:
     """driver_state from the node's facts (userspace packages, loaded module, the kernel's modules package)."""
-    return driver_state(node.get_fact(NvidiaDriverPackages), node.get_fact(NvidiaKernelModule, root=root),
-                        node.get_fact(KernelPackages))
+    return driver_state(read(node, NvidiaDriverPackages), read(node, NvidiaKernelModule, root=root),
+                        read(node, KernelPackages))
 
 
 def _recheck_after_reboot(state, host, root: str):
@@ -263,14 +265,13 @@ def nvidia_driver():
         user="root", group="root", mode="0644",
     )
     if cfg.nvidia_driver_source != "cuda_repo":  # a node that once installed from it: apt must not keep it
-        files.file(name="Remove NVIDIA's CUDA repo source (the driver does not come from it)", path=CUDA_SOURCE,
-                   present=False)
-        files.file(name="Remove NVIDIA's CUDA repo key", path=KEYRING, present=False)
+        file_absent(name="Remove NVIDIA's CUDA repo source (the driver does not come from it)", path=CUDA_SOURCE)
+        file_absent(name="Remove NVIDIA's CUDA repo key", path=KEYRING)
     if cfg.nvidia_driver_source != "preinstalled":
         repo_files = [(PIN_FILE, render_apt_pin(branch))]  # what apt's lists are fetched for
         if cfg.nvidia_driver_source == "cuda_repo":
             apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
-            apt.packages(
+            packages_installed(
                 name="Install what fetching and checking the repo key needs",
                 packages=["curl", "gpg", "ca-certificates"],
             )
@@ -281,7 +282,7 @@ def nvidia_driver():
                 dest=KEYRING,
                 resets=follow_up_stamp(LISTS_STAMP),
             )
-            repo_path = cuda_repo_path(host.get_fact(OsRelease), cfg.node_arch)  # preflight checked the arch
+            repo_path = cuda_repo_path(read(host, OsRelease), cfg.node_arch)  # preflight checked the arch
             source = render_cuda_source(cfg, repo_path)
             atomic_put(
                 batch=batch,
@@ -315,8 +316,8 @@ def nvidia_driver():
             contents=tuple(c for _, c in repo_files),
         )
         if cfg.nvidia_kernel_headers:
-            kernel = host.get_fact(NodeResources, **resources_args(cfg)).get("kernel")  # preflight's read
-            apt.packages(name="Install the running kernel's headers (DKMS builds the driver module against them)",
+            kernel = read(host, NodeResources, **resources_args(cfg)).get("kernel")  # preflight's read
+            packages_installed(name="Install the running kernel's headers (DKMS builds the driver module against them)",
                          packages=[f"linux-headers-{kernel}"])
         driver_installed(
             name=f"Install driver branch {branch}: {', '.join(cfg.driver_packages)}",

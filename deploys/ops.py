@@ -10,12 +10,14 @@ import shlex
 import uuid
 
 from pyinfra import host, logger
-from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
-from pyinfra.facts.files import FileContents
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import Directory, File, FileContents
 
 from facts.apt import AptHolds, KeyringFingerprints
 from files import helper_text
 from facts.host import ManagedFiles
+from deploys.run.reads import operation, read, run_on, service_reads
 
 
 def flat_repo_source(header: str, uri: str, keyring: str) -> str:
@@ -48,7 +50,7 @@ def shown(command: StringCommand) -> FunctionCommand:
 
 
 def _shown(state, host, command: StringCommand) -> bool:
-    ok, _ = host.run_shell_command(command, print_output=True, **({"_sudo": True} if uses_sudo(host) else {}))
+    ok, _ = run_on(host, command, print_output=True, **({"_sudo": True} if uses_sudo(host) else {}))
     return ok
 
 
@@ -101,7 +103,7 @@ def follow_up_stamp(name: str) -> str:
 
 
 def follow_up_reads(*names: str) -> list[tuple]:
-    """What follow_up_done reads for each stamp (deploys/run/fact_cache.py expect)."""
+    """What follow_up_done reads for each stamp (deploys/run/reads.py expect)."""
     return [(FileContents, {"path": follow_up_stamp(name)}) for name in names]
 
 
@@ -120,7 +122,7 @@ def follow_up_done(stamp: str, command, paths: tuple[str, ...], contents: tuple[
     + contents: what the deploy writes to them
     """
     path = follow_up_stamp(stamp)
-    recorded = host.get_fact(FileContents, path=path)
+    recorded = read(host, FileContents, path=path)
     if recorded and recorded[0].strip() == content_fingerprint(*contents):
         host.noop(f"done after the current {', '.join(paths)} ({path})")
         return
@@ -141,7 +143,7 @@ def _content_and_remote(src, dest: str, batch: tuple[str, ...]) -> tuple[bytes, 
         with open(src, "rb") as f:
             data = f.read()
     paths = tuple(batch) if dest in batch else (dest,)
-    return data, host.get_fact(ManagedFiles, paths=paths).get(dest)
+    return data, read(host, ManagedFiles, paths=paths).get(dest)
 
 
 @operation()
@@ -155,7 +157,7 @@ def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: st
     + user, group, mode: ownership and permissions (mode as a string)
     + create_remote_dir: create the parent directory first (as files.put does)
     + batch: every file the calling deploy manages (``dest`` among them): their state is read in one
-      round trip, once per run (deploys/run/fact_cache.py)
+      round trip, once per run (deploys/run/reads.py)
     + resets: a follow-up stamp (``follow_up_stamp``) removed before ``dest`` is replaced, so the follow-up
       runs again even for content it applied before (a hand edit that was applied in between)
     """
@@ -195,7 +197,7 @@ def keyring_verified(url: str, fingerprint: str, dest: str, resets: str | None =
     + dest: keyring path for ``Signed-By:``
     + resets: a follow-up stamp removed before the keyring is replaced (as ``atomic_put``'s)
     """
-    if host.get_fact(KeyringFingerprints, path=dest) == [fingerprint]:
+    if read(host, KeyringFingerprints, path=dest) == [fingerprint]:
         host.noop(f"{dest} holds key {fingerprint} alone")
         return
     if resets:
@@ -248,12 +250,82 @@ def apt_held(packages: list[str]):
 
     + packages: installed package names
     """
-    held = set(host.get_fact(AptHolds))
+    held = set(read(host, AptHolds))
     missing = [p for p in packages if p not in held]
     if not missing:
         host.noop(f"{len(packages)} package(s) held")
         return
     yield lock_waiting("apt-mark", "hold", *missing)  # dpkg's selections: waits for a held dpkg lock
+
+
+@operation()
+def packages_installed(packages: list[str]):
+    """Install each of ``packages`` that dpkg does not list as installed (apt-get, non-interactive, keeping
+    configuration files a lab changed; the apt/dpkg lock wait comes from deploys/apt_state.py's drop-in).
+
+    + packages: package names
+    """
+    installed = read(host, DebPackages)
+    missing = [p for p in packages if p not in installed]
+    if not missing:
+        host.noop(f"{', '.join(packages)} installed")
+        return
+    yield StringCommand("DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confdef",
+                        "-o", "Dpkg::Options::=--force-confold", *map(QuoteString, missing))
+
+
+@operation()
+def file_absent(path: str):
+    """Remove the file at ``path`` where there is one (a directory there fails the host: not the toolkit's).
+
+    + path: node path
+    """
+    info = read(host, File, path=path)
+    if info is None:
+        host.noop(f"{path} is absent")
+        return
+    if info is False:
+        yield fail_host(f"{host.name}: {path} is not a file: leaving it for a person to look at")
+        return
+    yield StringCommand("rm", "-f", QuoteString(path))
+
+
+@operation()
+def directory_present(path: str, user: str = "root", group: str = "root", mode: str = "0755"):
+    """A directory at ``path`` (and its parents) with this owner and mode.
+
+    + path: node path
+    + user, group, mode: ownership and permissions (mode as a string)
+    """
+    info = read(host, Directory, path=path)
+    if info is False:
+        yield fail_host(f"{host.name}: {path} exists and is not a directory")
+        return
+    if info is None:
+        yield StringCommand("mkdir", "-p", QuoteString(path))
+    if info is None or (info["user"], info["group"]) != (user, group):
+        yield StringCommand("chown", f"{user}:{group}", QuoteString(path))
+    if info is None or info["mode"] != int(mode):
+        yield StringCommand("chmod", mode, QuoteString(path))
+    if info is not None and (info["user"], info["group"], info["mode"]) == (user, group, int(mode)):
+        host.noop(f"{path} is a directory ({user}:{group} {mode})")
+
+
+@operation()
+def unit_running(unit: str, running: bool | None = True, enabled: bool = True):
+    """A system unit started (``running``; None: left as it is) and enabled at boot.
+
+    + unit: systemd unit name, with its suffix
+    + running: start it where it is not running
+    + enabled: enable it where it is not enabled
+    """
+    status, enablement = (read(host, cls, **kwargs) for cls, kwargs in service_reads(unit))
+    if running and not status.get(unit):
+        yield StringCommand("systemctl", "start", QuoteString(unit))
+    if enabled and not enablement.get(unit):
+        yield StringCommand("systemctl", "enable", QuoteString(unit))
+    if (not running or status.get(unit)) and (not enabled or enablement.get(unit)):
+        host.noop(f"{unit} is {'running and ' if running else ''}enabled")
 
 
 def upload_private(src, dest: str):

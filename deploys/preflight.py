@@ -14,11 +14,11 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from pyinfra import host, logger
-from pyinfra.api import deploy, operation
+from pyinfra.api import deploy
 from pyinfra.facts.server import OsRelease
 
 from deploys.apt_sources import sources_args
-from deploys.run.fact_cache import expect
+from deploys.run.reads import expect, operation, read
 from deploys.host_tuning import host_shm_problem
 from deploys.inventory import cluster_member_names, node_config
 from deploys.ops import fail_host
@@ -182,18 +182,18 @@ def preflight():
             (SecureBoot, {}), (PodmanVersion, {}),
             (OsRelease, {}),  # the driver deploy reads it while preparing (its repo path): no round trip of its own
             (AptSourcesNaming, sources_args(cfg))])
-    res = host.get_fact(NodeResources, **resources)
-    shm_bytes = host.get_fact(MountSizeBytes, path="/dev/shm")
-    smi = host.get_fact(NvidiaSmiGpus)
-    state = driver_state(host.get_fact(NvidiaDriverPackages), host.get_fact(NvidiaKernelModule, root=cfg.nvidia_module_root),
-                         host.get_fact(KernelPackages))
+    res = read(host, NodeResources, **resources)
+    shm_bytes = read(host, MountSizeBytes, path="/dev/shm")
+    smi = read(host, NvidiaSmiGpus)
+    state = driver_state(read(host, NvidiaDriverPackages), read(host, NvidiaKernelModule, root=cfg.nvidia_module_root),
+                         read(host, KernelPackages))
 
-    addresses = host.get_fact(InterfaceAddresses)
-    devices = host.get_fact(ExistingPaths, paths=tuple(cfg.container_devices))
-    nvswitch = bool(host.get_fact(ExistingPaths, paths=(NVSWITCH,)))
-    secure_boot = host.get_fact(SecureBoot)
-    podman = host.get_fact(PodmanVersion)
-    foreign = host.get_fact(AptSourcesNaming, **sources_args(cfg))
+    addresses = read(host, InterfaceAddresses)
+    devices = read(host, ExistingPaths, paths=tuple(cfg.container_devices))
+    nvswitch = bool(read(host, ExistingPaths, paths=(NVSWITCH,)))
+    secure_boot = read(host, SecureBoot)
+    podman = read(host, PodmanVersion)
+    foreign = read(host, AptSourcesNaming, **sources_args(cfg))
 
     # every fact is read above: a fact read yields to the other hosts, which must not see this host's row
     # before its problems

@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand
 
+from deploys.run.reads import operation, read, run_on
 from deploys.inventory import inventory_configs, node_config
 from deploys.model.push import push_from_control
 from deploys.ops import fail_host, upload_private, uses_sudo
@@ -244,7 +245,7 @@ def _mark_serving(state, host, message: str) -> bool:
 @operation()
 def peers_stopped():
     """No seed daemon and no run secret left on the node once the run's waves are done."""
-    seed = host.get_fact(SeedDaemon, unit=SEED_UNIT, secret_dir=SEED_DIR)
+    seed = read(host, SeedDaemon, unit=SEED_UNIT, secret_dir=SEED_DIR)
     if seed["running"]:
         yield StringCommand("systemctl", "stop", SEED_UNIT)
     if seed["secret_dir"]:
@@ -269,19 +270,19 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str) 
         dest = cfg.model_dir
         unit = f"{PULL_UNIT}-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
         # the guard first: should the run die before the pull unit starts, the password goes after a while
-        ok, out = host.run_shell_command(StringCommand(  # a killed run's pull of the same peer ends first
+        ok, out = run_on(host, StringCommand(  # a killed run's pull of the same peer ends first
             "systemctl", "stop", f"{unit}.service", f"{unit}-guard.timer", "2>/dev/null", ";",
             "install", "-d", "-m", "0700", SEED_DIR, "&&", "systemd-run", "--quiet", "--collect",
             f"--unit={unit}-guard", f"--on-active={PULL_GUARD_SECONDS}", "/bin/rm", "-f", password), **sudo)
         private = f"/tmp/inference-nodes-upload-{uuid.uuid4().hex}"  # a sudo upload's temp file: 0700, never /tmp
         try:
             if sudo:
-                ok = ok and host.run_shell_command(StringCommand("mkdir", "-m", "0700", private))[0]
+                ok = ok and run_on(host, StringCommand("mkdir", "-m", "0700", private))[0]
             ok = ok and host.put_file(StringIO(_run(state).secret(source) + "\n"), password,
                                       remote_temp_filename=f"{private}/secret" if sudo else None, **sudo)
-            ok = ok and host.run_shell_command(StringCommand("chmod", "0600", password), **sudo)[0]
+            ok = ok and run_on(host, StringCommand("chmod", "0600", password), **sudo)[0]
             if ok:  # the pull's own unit removes the password when it ends, even if this run is killed meanwhile
-                ok, out = host.run_shell_command(StringCommand(
+                ok, out = run_on(host, StringCommand(
                     "systemd-run", "--quiet", "--wait", "--pipe", "--collect", f"--unit={unit}",
                     f"--property=RuntimeMaxSec={SEED_MAX_SECONDS}",
                     QuoteString(f"--property=ExecStartPre=-+/bin/systemctl stop {unit}-guard.timer"),
@@ -291,10 +292,10 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str) 
                     "--streams", str(cfg.model_rsync_streams), *(QuoteString(p) for p in sorted(refetch)),
                 ), print_output=True, **sudo)  # its progress lines as they come (sync_progress.py)
         finally:  # not left behind even if this host fails before the run's stop operation
-            host.run_shell_command(StringCommand("rm", "-f", password, ";", "systemctl", "stop", f"{unit}-guard.timer",
+            run_on(host, StringCommand("rm", "-f", password, ";", "systemctl", "stop", f"{unit}-guard.timer",
                                                  "2>/dev/null", ";", "true"), **sudo)
             if sudo:
-                host.run_shell_command(StringCommand("rm", "-rf", private))
+                run_on(host, StringCommand("rm", "-rf", private))
         if ok:
             host.log_styled(f"pulled {out.stdout.strip()} from peer {source} ({address}:{port})", log_func=logger.info)
             return True

@@ -10,8 +10,9 @@ import subprocess
 
 import gevent.lock
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
 
+from deploys.run.reads import operation, read
 from deploys.model import hub_lock
 from deploys.ops import ControlNodeError, fail_host
 from facts.model import HubClient, NodePython
@@ -61,11 +62,11 @@ def hub_client_installed(venv: str):
 
     + venv: the venv path on the node
     """
-    have = host.get_fact(HubClient, venv=venv, lock_name=HUB_LOCK_NAME)
+    have = read(host, HubClient, venv=venv, lock_name=HUB_LOCK_NAME)
     if (have["version"], have["lock_sha256"]) == (HUB_VERSION, hub_lock.sha256(hub_lock.LOCK)):
         host.noop(f"huggingface_hub {HUB_VERSION} in {venv}, from the current lock")
         return
-    node = host.get_fact(NodePython)
+    node = read(host, NodePython)
     pyver, machine = node["version"], node["machine"]
     if pyver not in hub_lock.PYTHONS or machine not in hub_lock.MACHINES:
         yield fail_host(f"{host.name}: the hub client lock has no wheels for Python {pyver[0]}.{pyver[1:]} on "

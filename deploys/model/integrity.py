@@ -14,13 +14,12 @@ from __future__ import annotations
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import StringCommand, deploy, operation
-from pyinfra.operations import systemd
+from pyinfra.api import StringCommand, deploy
 
-from deploys.run.fact_cache import expect, service_reads
+from deploys.run.reads import expect, operation, read, service_reads
 from deploys.inventory import node_config
 from deploys.model.snapshot import MANIFEST, RECORD, STAMP, VERIFIER
-from deploys.ops import atomic_put
+from deploys.ops import unit_running, atomic_put
 from deploys.schema import NodeConfig
 from deploys.unit_text import command_line, unit_word
 from facts.host import ManagedFiles, SystemdNeedsReload
@@ -80,7 +79,7 @@ def units_loaded(units: list[str]):
 
     + units: unit names
     """
-    if not host.get_fact(SystemdNeedsReload, units=tuple(units)):
+    if not read(host, SystemdNeedsReload, units=tuple(units)):
         host.noop(f"systemd has loaded {', '.join(units)} as they are on disk")
         return
     yield StringCommand("systemctl", "daemon-reload")
@@ -99,5 +98,5 @@ def model_integrity():
     atomic_put(batch=batch, name="Install its timer", src=StringIO(render_timer(cfg)), dest=f"{UNIT_DIR}/{UNIT}.timer",
                user="root", group="root", mode="0644")
     units_loaded(name="Load the deep verify units", units=list(units))
-    systemd.service(name="Enable and start the deep verify timer", service=f"{UNIT}.timer", running=True,
+    unit_running(name="Enable and start the deep verify timer", unit=f"{UNIT}.timer", running=True,
                     enabled=True)

@@ -15,15 +15,14 @@ import posixpath
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy
 from pyinfra.facts.files import Directory, File
-from pyinfra.operations import apt, files
 
 from deploys.model import fanout as model_fanout, hub as model_hub, push as model_push
 from deploys.apt_state import APT_READS, apt_lists_updated
-from deploys.run.fact_cache import expect
+from deploys.run.reads import expect, operation, read
 from deploys.inventory import cluster_member_names, node_config
-from deploys.ops import atomic_put, cluster_all_here, fail_host, refuse, secret_file, shown
+from deploys.ops import directory_present, file_absent, packages_installed, atomic_put, cluster_all_here, fail_host, refuse, secret_file, shown
 from deploys.run.state import this_run
 from deploys.schema import NodeConfig
 from facts.host import FreeBytes, ManagedFiles, NodeResources
@@ -108,9 +107,9 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
         cfg = node_config()
         verdict = dict(verifier=VERIFIER, manifest=MANIFEST, snapshot_dir=snapshot_dir, stamp=STAMP, record=RECORD,
                        full=cfg.model_verify_full, stale_after_s=max_age_s(cfg), max_rate=cfg.model_deep_verify_max_mbps)
-        result = host.get_fact(ModelVerification, **verdict, plan=True)
+        result = read(host, ModelVerification, **verdict, plan=True)
         if result.get("needs_hash") and this_run().is_executing:
-            result = host.get_fact(ModelVerification, **verdict)
+            result = read(host, ModelVerification, **verdict)
         model_fanout.record_verdict(host.name, result)
     if result.get("ok"):
         host.noop(f"{result['files']} files verified ({result['mode']}), {result['manifest_digest']}")
@@ -129,7 +128,7 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
         yield fail_host(f"{host.name}: the node asks for files the manifest does not list: {stray[:5]!r}")
         return
     needed = result.get("refetch_bytes", 0)
-    free = host.get_fact(FreeBytes, path=dest_dir)
+    free = read(host, FreeBytes, path=dest_dir)
     if free < needed:
         yield fail_host(f"{host.name}: too little disk for the model at {dest_dir}: {needed} bytes needed, "
                         f"{free} bytes free")
@@ -138,7 +137,7 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
                 f"{'; '.join(problems[:10])}")
     # the directory is the toolkit's before anything in it is deleted or written
     marker = owner_marker(dest_dir)
-    owned = host.get_fact(ManagedFiles, paths=batch if marker in batch else (marker,)).get(marker) is not None
+    owned = read(host, ManagedFiles, paths=batch if marker in batch else (marker,)).get(marker) is not None
     yield from owner_commands(dest_dir, extra, owned)
     if not owned and extra:
         return  # the host failed, nothing deleted
@@ -214,7 +213,7 @@ def model_snapshot():
         refuse(name="Refuse a model without a trusted manifest", message=fail)
         return
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
-    apt.packages(name="Install what the verifier and rsync need", packages=["python3", "rsync"])
+    packages_installed(name="Install what the verifier and rsync need", packages=["python3", "rsync"])
     verifier = [f"{NODE_LIB}/{name}" for name in VERIFIER_FILES]
     batch = (*verifier, MANIFEST, GATE, HUB_DOWNLOAD, f"{cfg.model_dir}/refs/main", model_fanout.PEER_PULL,
              owner_marker(cfg.model_dir))
@@ -222,7 +221,7 @@ def model_snapshot():
     expect([*APT_READS, (ManagedFiles, {"paths": batch}), (Directory, {"path": posixpath.dirname(STAMP)}),
             (File, {"path": HUB_TOKEN}), (SeedDaemon, {"unit": model_fanout.SEED_UNIT, "secret_dir": model_fanout.SEED_DIR})])
     if cfg.model_layout == "plain":  # the fact preflight read: no round trip of its own
-        held = host.get_fact(NodeResources, **resources_args(cfg)).get("model_held_commit")
+        held = read(host, NodeResources, **resources_args(cfg)).get("model_held_commit")
         cluster_model_changes_whole(name="Change a multi-node cluster's model commit only as a whole",
                                     cluster=cfg.cluster_name, members=cluster_member_names(), held=held, revision=cfg.model_revision)
     for name, dest in zip(VERIFIER_FILES, verifier):
@@ -231,12 +230,12 @@ def model_snapshot():
                   mode="0755" if dest == VERIFIER else "0644", create_remote_dir=True)
     atomic_put(batch=batch, name="Install the trusted manifest", src=cfg.model_manifest, dest=MANIFEST,
               user="root", group="root", mode="0644", create_remote_dir=True)
-    files.directory(name="Create the verify stamp directory", path=posixpath.dirname(STAMP),
+    directory_present(name="Create the verify stamp directory", path=posixpath.dirname(STAMP),
                     user="root", group="root", mode="0755")
     atomic_put(batch=batch, name="Install the model start gate", src=StringIO(render_gate(cfg.snapshot_dir)), dest=GATE,
               user="root", group="root", mode="0755")
     if cfg.model_sync_mode == "hub":
-        apt.packages(name="Install python3-venv for the hub client", packages=["python3-venv"])
+        packages_installed(name="Install python3-venv for the hub client", packages=["python3-venv"])
         model_hub.hub_client_installed(name=f"Install huggingface_hub {model_hub.HUB_VERSION} (wheels from the control node)",
                              venv=cfg.model_hub_venv)
         atomic_put(batch=batch, name="Install the hub download helper", src=helper_path("model_snapshot/hub_download.py"),
@@ -245,7 +244,7 @@ def model_snapshot():
             secret_file(name="Install the hub token (0600, never printed)", src=cfg.model_hub_token_file,
                         dest=HUB_TOKEN)
     if cfg.model_sync_mode != "hub" or not cfg.model_hub_token_file:  # a token no longer configured leaves the node
-        files.file(name="Remove a hub token no longer in the inventory", path=HUB_TOKEN, present=False)
+        file_absent(name="Remove a hub token no longer in the inventory", path=HUB_TOKEN)
     if cfg.model_layout == "hf_cache":
         atomic_put(batch=batch, name="Write refs/main (offline loads, cache tools)", src=StringIO(cfg.model_revision),
                   dest=f"{cfg.model_dir}/refs/main", user="root", group="root", mode="0644", create_remote_dir=True)

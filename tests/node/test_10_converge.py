@@ -110,13 +110,13 @@ def test_ssh_to_every_node_sends_each_message_at_once(sandbox):
 
 
 def test_unit_reads_answered_together_are_what_pyinfra_reads_for_each(sandbox):
-    """deploys/run/fact_cache.py answers every SystemdStatus/SystemdEnabled read of a prefetch from one
+    """facts/batch.py answers every SystemdStatus/SystemdEnabled read of a batch from one
     `systemctl show`; on a real node each answer equals pyinfra's own read of that unit list (an alias, a
     unit that does not exist, a unit named twice, two units in one read), and it is one command."""
     from pyinfra.api.facts import get_fact
     from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-    from deploys.run import fact_cache
+    from facts.batch import FactBatch, Reads, read_key
     from facts.host import ManagedFiles
 
     unit_lists = [["ssh.service"], ["sshd.service"], ["no-such-unit.service"], ["inference-nodes-model-verify.timer"],
@@ -130,15 +130,14 @@ def test_unit_reads_answered_together_are_what_pyinfra_reads_for_each(sandbox):
         calls = []
         run = host.run_shell_command
         host.run_shell_command = lambda *a, **kw: calls.append(a) or run(*a, **kw)
-        assert fact_cache.prefetch(host, reads) == len(reads)
+        answers = get_fact(state, host, FactBatch, args=(), kwargs={"reads": Reads(reads)})
         assert len(calls) == 1
-        assert [host.get_fact(cls, **kw) for cls, kw in reads] == expected
-        assert len(calls) == 1, "every answer came from the prefetch"
+        assert [answers[read_key(cls, kw)] for cls, kw in reads] == expected
 
 
 def test_second_converge_reports_zero_changes_in_a_few_commands_per_node(sandbox, tmp_path):
     """Zero changes; and each node's facts came in a few commands (the ones each component expects, read
-    together: deploys/run/fact_cache.py), not one round trip per fact (51 before). Counted by the bench's
+    together: deploys/run/reads.py), not one round trip per fact (51 before). Counted by the bench's
     wrapper of the same CLI (bench/pyinfra_counted.py)."""
     counts = tmp_path / "counts.json"
     proc = subprocess.run([sys.executable, "bench/pyinfra_counted.py", str(counts), "-y", "--json", INVENTORY,
