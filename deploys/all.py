@@ -1,11 +1,12 @@
 """Entry point: `pyinfra -y inventories/lab.py deploys/all.py`.
 
 Order: validate -> preflight -> package manager (lock wait, dpkg repair) -> NVIDIA driver -> container
-runtime -> host tuning -> model snapshot -> model integrity (deep verify timer) -> inference service.
+runtime -> host tuning -> model snapshot -> model integrity (deep verify timer) -> inference service -> endpoint (heads).
 """
 
 from deploys.apt_state import package_manager_ready
 from deploys.container_runtime import container_runtime
+from deploys.endpoint import endpoint
 from deploys.host_tuning import host_tuning
 from deploys.inference_service import inference_service
 from deploys.model.integrity import model_integrity
@@ -25,3 +26,4 @@ host_tuning()
 model_snapshot()
 model_integrity()
 inference_service()
+endpoint()

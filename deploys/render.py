@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from deploys import apt_state, container_runtime, host_tuning, inference_service, nvidia_driver
+from deploys import apt_state, container_runtime, endpoint, host_tuning, inference_service, nvidia_driver
 from deploys.model import integrity as model_integrity, snapshot as model_snapshot
 from deploys.inventory import LimitError, limited_hosts, load_inventory
 from deploys.schema import InventoryValidationError, NodeConfig, cluster_of, validate_inventory
@@ -48,6 +48,15 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: li
         out[container_runtime.AUTH_FILE] = "# not rendered: the deploy copies registry_auth_file here (0600)\n"
     if cfg.model_hub_token_file:
         out[model_snapshot.HUB_TOKEN] = "# not rendered: the deploy copies model_hub_token_file here (0600)\n"
+    if cfg.endpoint_enabled and cfg.is_head:
+        out[endpoint.CONF] = endpoint.render_conf(cfg)
+        out[endpoint.UNIT_PATH] = endpoint.render_unit(cfg)
+        for path, key in ((endpoint.CERT, "endpoint_tls_cert"), (endpoint.KEY, "endpoint_tls_key")):
+            out[path] = f"# not rendered: the deploy copies {key} here (0600)\n"
+        names = list(endpoint.read_clients(cfg.endpoint_clients_file))
+        for path, which in ((endpoint.CLIENTS_MAP, [n for n in names if n != cfg.endpoint_metrics_client]),
+                            (endpoint.MONITOR_MAP, [n for n in names if n == cfg.endpoint_metrics_client])):
+            out[path] = (f"# not rendered: the keys of endpoint_clients_file (0600) for: {', '.join(which) or 'nobody'}\n")
     return out
 
 

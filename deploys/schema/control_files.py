@@ -24,6 +24,35 @@ def control_file_problems(host: str, cfg: NodeConfig) -> list[Problem]:
         problems += _manifest_problems(host, cfg)
     if cfg.model_hub_token_file is not None:
         problems += _private_file_problems(host, "model_hub_token_file", cfg.model_hub_token_file)
+    if cfg.endpoint_enabled:
+        problems += _endpoint_problems(host, cfg)
+    return problems
+
+
+def _endpoint_problems(host: str, cfg: NodeConfig) -> list[Problem]:
+    """The endpoint's certificate, key and client keys: private files, a key that is the certificate's, a
+    certificate in date, client names and keys each unique and well formed, the monitoring client among them."""
+    from deploys.endpoint import EndpointFileError, read_clients, tls_pair_problem
+
+    problems = []
+    for key in ("endpoint_tls_cert", "endpoint_tls_key", "endpoint_clients_file"):
+        problems += _private_file_problems(host, key, getattr(cfg, key))
+    if cfg.endpoint_tls_ca is not None and not os.path.isfile(cfg.endpoint_tls_ca):
+        problems.append(Problem(host, "endpoint_tls_ca", cfg.endpoint_tls_ca, "an existing file on the control node"))
+    if problems:
+        return problems
+    if why := tls_pair_problem(cfg.endpoint_tls_cert, cfg.endpoint_tls_key):
+        problems.append(Problem(host, "endpoint_tls_key", cfg.endpoint_tls_key, why))
+    try:
+        clients = read_clients(cfg.endpoint_clients_file)
+    except EndpointFileError as e:
+        return [*problems, Problem(host, "endpoint_clients_file", cfg.endpoint_clients_file, str(e))]
+    if cfg.endpoint_metrics_client is not None and cfg.endpoint_metrics_client not in clients:
+        problems.append(Problem(host, "endpoint_metrics_client", cfg.endpoint_metrics_client,
+                                f"a client named in {cfg.endpoint_clients_file}"))
+    if not [name for name in clients if name != cfg.endpoint_metrics_client]:
+        problems.append(Problem(host, "endpoint_clients_file", cfg.endpoint_clients_file,
+                                "at least one client besides the monitoring one"))
     return problems
 
 

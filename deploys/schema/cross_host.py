@@ -85,6 +85,10 @@ def cluster_problems(configs: dict[str, NodeConfig]) -> list[Problem]:
             if len(names) > 1:
                 for name in names:
                     problems.append(Problem(name, "fabric_address", addr, f"an address unique in cluster {cluster}"))
+        for name, cfg in members:
+            if cfg.endpoint_enabled and not cfg.is_head:
+                problems.append(Problem(name, "endpoint_enabled", True, f"false on a worker: the endpoint of cluster "
+                                        f"{cluster} runs on its head (rank 0), the one node with an API"))
         for key in ("model_repo", "model_revision", "model_manifest", "image", "image_digest", "tensor_parallel_size",
                     "vllm_launch", "vllm_command", "vllm_args", "vllm_speculative_config", "served_model_name", "vllm_master_port",
                     "container_exec", "service_env", "model_mount", "model_layout", "gpu_indices"):

@@ -7,6 +7,7 @@ listed in :data:`COMPONENT_KEYS`); a rule between two components' keys, or a val
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 from pydantic import model_validator
@@ -15,6 +16,7 @@ from deploys.schema.base import ComponentKeys, is_loopback_host
 from deploys.schema.cluster import ClusterKeys
 from deploys.schema.container import ContainerKeys
 from deploys.schema.container_runtime import ContainerRuntimeKeys
+from deploys.schema.endpoint import EndpointKeys
 from deploys.schema.gate import GateKeys
 from deploys.schema.host_tuning import HostTuningKeys
 from deploys.schema.image import ImageKeys
@@ -28,7 +30,7 @@ NEEDLE_ANSWER_TOKENS = 16  # files/serving_gate/needle.py MAX_TOKENS (a script r
 
 
 class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKeys, NvidiaDriverKeys,
-                 ContainerRuntimeKeys, PackageManagerKeys, GateKeys):
+                 ContainerRuntimeKeys, PackageManagerKeys, GateKeys, EndpointKeys):
     """Every key for one node, validated. Derived values are properties."""
 
     @model_validator(mode="after")
@@ -36,6 +38,20 @@ class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKey
         for key in self.profile_gaps:
             if key not in NodeConfig.model_fields or key == "profile_gaps":
                 raise KeyRuleError("profile_gaps", self.profile_gaps, f"keys of this schema (no key '{key}')")
+        return self
+
+    @model_validator(mode="after")
+    def _endpoint_fronts_a_loopback_api(self) -> NodeConfig:
+        """With the endpoint on, vLLM stays on loopback (the endpoint is the one way in), and the two never take
+        the same address and port."""
+        if not self.endpoint_enabled:
+            return self
+        if not ipaddress.ip_address(self.api_bind_address).is_loopback:
+            raise KeyRuleError("api_bind_address", self.api_bind_address,
+                               "a loopback address, since endpoint_enabled is true (the endpoint is the way in)")
+        if (self.endpoint_address, self.endpoint_port) == (self.api_bind_address, self.api_port):
+            raise KeyRuleError("endpoint_port", self.endpoint_port,
+                               f"a port apart from api_port ({self.api_port}) on {self.endpoint_address}")
         return self
 
     @model_validator(mode="after")
@@ -195,6 +211,7 @@ COMPONENT_KEYS: dict[str, type[ComponentKeys]] = {
     "container_runtime": ContainerRuntimeKeys,
     "package_manager": PackageManagerKeys,
     "serving_gate": GateKeys,
+    "endpoint": EndpointKeys,
 }
 
 

@@ -5,6 +5,8 @@ pulled `Pull=always`), and MODEL_PATH / CUDA_VISIBLE_DEVICES are derived (model_
 gpu_indices) rather than repeated here.
 """
 
+import os
+
 cluster_name = "rtx-pro-6000-pair"
 node_arch = "x86_64"
 gpu_indices = [0, 1]
@@ -32,11 +34,24 @@ jit_cache_mount = "/cache"
 container_tmp_dir = "/mnt/data/hf/tmp/ds4-v20-r24"
 container_tmp_mount = "/container-tmp"
 api_port = 8000
-# Seed 000's clients reach the API from another host (10.10.10.2 -> compute.home.arpa:8000). The toolkit keeps
-# it on loopback by default; for that topology put an authenticating reverse proxy on the host and say so, e.g.
-#   api_bind_address = "10.10.10.1"   # the address the proxy forwards to (or keep 127.0.0.1 and proxy locally)
-#   api_protected_by = "nginx on compute.home.arpa:8000 with client certificates"
-# (validation refuses a non-loopback api_bind_address without api_protected_by). docs/inference-service.md.
+# Seed 000's clients reach the API from another host (10.10.10.2 -> compute.home.arpa:8000). vLLM stays on loopback
+# (api_port 8000 on 127.0.0.1) and the authenticated TLS endpoint serves the LAN on the host's own address
+# (`endpoint_address`: the one host's, as inventories/lab.py reaches it), port 8000 as in the write-up: clients
+# switch to https and send their key (docs/endpoint.md). Its certificate, key and client keys are control-node files outside the
+# repo; make them once with
+#   python -m deploys.endpoint_ca ~/.config/inference-nodes/endpoint --address 192.0.2.10 --dns compute.home.arpa \
+#       --client workstation --client prometheus
+# (INFERENCE_NODES_ENDPOINT_DIR names another folder; a lab with its own CA points these keys at its files).
+_ENDPOINT_DIR = os.environ.get("INFERENCE_NODES_ENDPOINT_DIR", os.path.expanduser("~/.config/inference-nodes/endpoint"))
+endpoint_enabled = True
+endpoint_address = "192.0.2.10"
+endpoint_port = 8000
+endpoint_tls_cert = f"{_ENDPOINT_DIR}/192.0.2.10.crt"
+endpoint_tls_key = f"{_ENDPOINT_DIR}/192.0.2.10.key"
+endpoint_tls_ca = f"{_ENDPOINT_DIR}/ca.crt"
+endpoint_clients_file = f"{_ENDPOINT_DIR}/clients"
+endpoint_metrics_client = "prometheus"
+del _ENDPOINT_DIR  # a name, not a key
 
 # The script's contract also has PORT, SERVED_MODEL_NAME, TP_SIZE and MODEL_PATH (the write-up's 8000,
 # grandpa, 2, /models/snapshots/<commit>): the unit derives them from api_port, served_model_name,

@@ -1,11 +1,13 @@
 """The reference profiles' group data as plain dicts, for tests that build a node config from one."""
 
 import runpy
+import types
 
 
 def profile(group: str) -> dict:
+    """As pyinfra reads a group data file: its names, less dunders and imported modules."""
     data = runpy.run_path(f"inventories/group_data/{group}.py")
-    return {k: v for k, v in data.items() if not k.startswith("__")}
+    return {k: v for k, v in data.items() if not k.startswith("__") and not isinstance(v, types.ModuleType)}
 
 
 # What an admin who verified deployment C would set for its profile gaps (test values: a commit, a tag and a

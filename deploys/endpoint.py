@@ -1,0 +1,341 @@
+"""The authenticated TLS endpoint: nginx from the distribution on each cluster's head, in front of a vLLM that
+stays on loopback.
+
+Why nginx and not Caddy: nginx is in Ubuntu 24.04's *main* (Canonical's security support; DGX OS 7 is Ubuntu
+24.04) and in Debian 12/13, at 1.22-1.26; Caddy is frozen at 2.6.2 (October 2022) in every distribution, sits in
+Ubuntu's *universe*, and has no bearer-key check of its own. nginx gives everything the endpoint needs from its
+standard modules: TLS, a `map` from the `Authorization` header to a client name, per-key `limit_req`, exact
+routes, unbuffered proxying for server-sent events, and a graceful reload (old workers finish their streams).
+
+What runs: the toolkit's own unit `inference-nodes-endpoint.service` (`nginx -c` the toolkit's config, `daemon
+off`), not the distribution's `nginx.service`, which is masked before the package is installed so that it never
+starts with Debian's default site (port 80 on every address). A head that already runs `nginx.service` fails
+with a message instead: the endpoint does not take over a web server a lab uses.
+
+The client keys live in one root-only file on the node (`clients.map`, 0600, included by nginx's master process as
+root): never in a unit, a command line, a process listing, pyinfra's output or `--diff` (written by
+``secret_file``). The access log names the client and never the key (its format has no header in it). Adding,
+removing or rotating a client is an inventory change; a converge applies it with ``systemctl reload``
+(``nginx -t`` first; a bad config leaves the running one serving), which does not cut streams already running.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import re
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, deploy
+from pyinfra.facts.files import File, Link
+
+from deploys.inventory import node_config
+from deploys.ops import (atomic_put, fail_host, file_absent, follow_up_done, follow_up_reads, follow_up_stamp,
+                         packages_installed, secret_file, unit_running)
+from deploys.run.reads import expect, operation, read, service_reads
+from deploys.schema import NodeConfig
+from deploys.schema.endpoint import CLIENT_KEY_MIN_LENGTH, ENDPOINT_ROUTES
+from facts.host import ManagedFiles
+
+UNIT = "inference-nodes-endpoint"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}.service"
+DIR = "/etc/inference-nodes/endpoint"  # 0700 root: the certificate's key and the client keys
+CONF = f"{DIR}/nginx.conf"
+CLIENTS_MAP = f"{DIR}/clients.map"
+MONITOR_MAP = f"{DIR}/monitor.map"
+CERT = f"{DIR}/tls.crt"
+KEY = f"{DIR}/tls.key"
+ACCESS_LOG = f"/var/log/{UNIT}/access.log"
+DISTRO_UNIT = "nginx.service"
+DISTRO_MASK = f"/etc/systemd/system/{DISTRO_UNIT}"
+RELOAD_STAMP = "endpoint-reload"
+RESTART_STAMP = "endpoint-unit"
+FILES = (CONF, CLIENTS_MAP, MONITOR_MAP, CERT, KEY)
+
+CLIENT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+CLIENT_KEY = re.compile(r"[A-Za-z0-9._~+/=-]{%d,512}" % CLIENT_KEY_MIN_LENGTH)
+
+
+class EndpointFileError(ValueError):
+    """A control-node endpoint file that cannot be used (the message names the line, never a key)."""
+
+
+def read_clients(path: str) -> dict[str, str]:
+    """``{client name: key}`` from a clients file: one ``name key`` per line, ``#`` comments, blank lines. A
+    malformed line, a name or key used twice, or a short key is refused; the message never holds a key."""
+    clients: dict[str, str] = {}
+    owners: dict[str, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            words = line.split("#", 1)[0].split() if not line.lstrip().startswith("#") else []
+            if not words:
+                continue
+            if len(words) != 2:
+                raise EndpointFileError(f"line {number}: `name key` (two words), not {len(words)} word(s)")
+            name, key = words
+            if not CLIENT_NAME.fullmatch(name):
+                raise EndpointFileError(f"line {number}: a client name of [a-z0-9][a-z0-9_.-]* (64 at most), not {name!r}")
+            if not CLIENT_KEY.fullmatch(key):
+                raise EndpointFileError(f"line {number} ({name}): a key of at least {CLIENT_KEY_MIN_LENGTH} characters "
+                                        "[A-Za-z0-9._~+/=-] (`python -m deploys.endpoint_ca --client NAME` makes one)")
+            if name in clients:
+                raise EndpointFileError(f"line {number}: client {name} is named twice")
+            if key in owners:
+                raise EndpointFileError(f"line {number} ({name}): the same key as client {owners[key]}")
+            clients[name], owners[key] = key, name
+    if not clients:
+        raise EndpointFileError("no client: one `name key` line at least")
+    return clients
+
+
+def tls_pair_problem(cert_path: str, key_path: str) -> str | None:
+    """Why the certificate and key cannot serve (unreadable, not each other's, out of date), or None."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        with open(cert_path, "rb") as f:
+            cert = x509.load_pem_x509_certificates(f.read())[0]
+        with open(key_path, "rb") as f:
+            key = serialization.load_pem_private_key(f.read(), password=None)
+    except (ValueError, TypeError, IndexError) as e:
+        return f"a PEM certificate and its unencrypted PEM private key ({type(e).__name__}: {str(e)[:120]})"
+    public = serialization.PublicFormat.SubjectPublicKeyInfo
+    if (key.public_key().public_bytes(serialization.Encoding.PEM, public)
+            != cert.public_key().public_bytes(serialization.Encoding.PEM, public)):
+        return "the private key of endpoint_tls_cert (it belongs to another certificate)"
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        return (f"a certificate in date (it is valid from {cert.not_valid_before_utc:%Y-%m-%d} to "
+                f"{cert.not_valid_after_utc:%Y-%m-%d})")
+    return None
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
+
+
+def render_maps(cfg: NodeConfig, clients: dict[str, str]) -> tuple[str, str]:
+    """The two `map` bodies: `Authorization` value -> client name, for the clients and for the monitoring one.
+    Names and keys are checked (read_clients): no quote, space, `;` or `$` reaches the file."""
+    def lines(pairs):
+        return "".join(f'"Bearer {key}" "{name}";\n' for name, key in pairs)
+
+    header = "# inference-nodes: client keys (generated from endpoint_clients_file; 0600 root)\n"
+    monitor = [(n, k) for n, k in clients.items() if n == cfg.endpoint_metrics_client]
+    return header + lines((n, k) for n, k in clients.items() if n != cfg.endpoint_metrics_client), header + lines(monitor)
+
+
+def render_conf(cfg: NodeConfig) -> str:
+    """nginx's whole configuration for the endpoint. Every value is a validated number, address or route."""
+    upstream = f"{_host(cfg.api_bind_address)}:{cfg.api_port}"
+    routes = "".join(
+        f"""
+        location = {route} {{
+            if ($endpoint_client = "") {{ return 401; }}
+            limit_except {ENDPOINT_ROUTES[route]} {{ deny all; }}
+            limit_req zone=endpoint_clients burst={cfg.endpoint_rate_burst} nodelay;
+            proxy_pass http://vllm;
+        }}
+""" for route in cfg.endpoint_routes)
+    return f"""# inference-nodes endpoint (generated from the inventory; a converge replaces it). No key is in this file.
+daemon off;
+user www-data;
+worker_processes auto;
+pid /run/{UNIT}/nginx.pid;
+error_log stderr warn;
+
+events {{
+    worker_connections 1024;
+}}
+
+http {{
+    server_tokens off;
+    types {{ application/json json; }}
+    default_type application/octet-stream;
+    client_body_temp_path /var/cache/{UNIT}/body;
+    proxy_temp_path /var/cache/{UNIT}/proxy;
+    fastcgi_temp_path /var/cache/{UNIT}/fastcgi;
+    uwsgi_temp_path /var/cache/{UNIT}/uwsgi;
+    scgi_temp_path /var/cache/{UNIT}/scgi;
+
+    map $http_authorization $endpoint_client {{
+        default "";
+        include {CLIENTS_MAP};
+    }}
+    map $http_authorization $endpoint_monitor {{
+        default "";
+        include {MONITOR_MAP};
+    }}
+    # the client's name, never its key: no header is logged
+    log_format endpoint '$remote_addr $endpoint_client$endpoint_monitor [$time_iso8601] "$request_method $uri" '
+                        '$status $body_bytes_sent $request_time';
+    access_log {ACCESS_LOG} endpoint;
+
+    limit_req_zone $endpoint_client zone=endpoint_clients:1m rate={cfg.endpoint_rate_per_minute}r/m;
+    limit_req_status 429;
+
+    upstream vllm {{
+        server {upstream};
+        keepalive 16;
+    }}
+
+    server {{
+        listen {_host(cfg.endpoint_address)}:{cfg.endpoint_port} ssl;
+        ssl_certificate {CERT};
+        ssl_certificate_key {KEY};
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_session_cache shared:endpoint_tls:1m;
+
+        client_max_body_size {cfg.endpoint_max_body_mb}m;
+        client_body_timeout {cfg.endpoint_send_timeout_s}s;
+        send_timeout {cfg.endpoint_send_timeout_s}s;
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_set_header Authorization "";
+        proxy_set_header Host $host;
+        proxy_set_header X-Forwarded-For $remote_addr;
+        proxy_buffering off;
+        proxy_cache off;
+        proxy_request_buffering off;
+        proxy_read_timeout {cfg.endpoint_read_timeout_s}s;
+        proxy_send_timeout {cfg.endpoint_send_timeout_s}s;
+{routes}
+        location = /health {{
+            if ($endpoint_client = "") {{ return 401; }}
+            limit_except GET {{ deny all; }}
+            proxy_pass http://vllm;
+        }}
+
+        location = /metrics {{
+            if ($endpoint_monitor = "") {{ return 401; }}
+            limit_except GET {{ deny all; }}
+            proxy_pass http://vllm;
+        }}
+
+        location / {{
+            return 404;
+        }}
+    }}
+}}
+"""
+
+
+def render_unit(cfg: NodeConfig) -> str:
+    """The endpoint's unit: nginx as the master (root: it binds the port and reads the keys) with workers as
+    www-data, started after its config checks, reloaded gracefully, confined to what it writes."""
+    nginx = f"/usr/sbin/nginx -c {CONF}"
+    return f"""# inference-nodes: the authenticated TLS endpoint in front of {cfg.container_name}.service (deploys/endpoint.py)
+[Unit]
+Description=inference-nodes endpoint: TLS and client keys in front of the vLLM API on loopback
+After=network-online.target {cfg.container_name}.service
+Wants=network-online.target
+
+[Service]
+Type=exec
+ExecStartPre={nginx} -t -q
+ExecStart={nginx}
+ExecReload={nginx} -t -q
+ExecReload=/bin/kill -s HUP $MAINPID
+KillSignal=SIGQUIT
+TimeoutStopSec=30
+Restart=on-failure
+RestartSec=5
+RuntimeDirectory={UNIT}
+CacheDirectory={UNIT}
+LogsDirectory={UNIT}
+LogsDirectoryMode=0750
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectControlGroups=yes
+RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
+CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID CAP_CHOWN CAP_KILL
+LockPersonality=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def endpoint_reads(cfg: NodeConfig) -> list:
+    return [(ManagedFiles, {"paths": (*FILES, UNIT_PATH)}), (Link, {"path": DISTRO_MASK}),
+            *service_reads(DISTRO_UNIT), *service_reads(f"{UNIT}.service"),
+            *follow_up_reads(RELOAD_STAMP, RESTART_STAMP), *[(File, {"path": p}) for p in (*FILES, UNIT_PATH)]]
+
+
+@operation()
+def distro_nginx_masked():
+    """The distribution's nginx.service masked (before nginx is installed: it never starts with Debian's default
+    site); a head where it runs already fails instead (a web server the lab uses)."""
+    link = read(host, Link, path=DISTRO_MASK)
+    if link and link.get("link_target") == "/dev/null":
+        host.noop(f"{DISTRO_UNIT} is masked")
+        return
+    status_read, _ = service_reads(DISTRO_UNIT)
+    running = read(host, status_read[0], **status_read[1]).get(DISTRO_UNIT)
+    if running:
+        yield fail_host(f"{host.name}: {DISTRO_UNIT} runs on this head already; the endpoint runs nginx as its own unit "
+                        f"({UNIT}.service). Stop and disable {DISTRO_UNIT} (or keep endpoint_enabled false)")
+        return
+    yield StringCommand("systemctl", "mask", QuoteString(DISTRO_UNIT))
+
+
+@operation()
+def endpoint_stopped():
+    """An endpoint turned off (or on a node that is no longer a head) leaves nothing: unit stopped and disabled."""
+    status, enabled = (read(host, cls, **kwargs) for cls, kwargs in service_reads(f"{UNIT}.service"))
+    if not status.get(f"{UNIT}.service") and not enabled.get(f"{UNIT}.service"):
+        host.noop(f"{UNIT}.service is not running")
+        return
+    yield StringCommand("systemctl", "disable", "--now", f"{UNIT}.service")
+
+
+@deploy("Endpoint")
+def endpoint():
+    """The cluster's authenticated TLS endpoint on its head (endpoint_enabled), or none."""
+    cfg = node_config()
+    expect(endpoint_reads(cfg))
+    batch = (*FILES, UNIT_PATH)
+    if not (cfg.endpoint_enabled and cfg.is_head):
+        have = read(host, ManagedFiles, paths=batch)
+        if any(have.get(p) for p in batch):  # it had one: nothing of it stays
+            endpoint_stopped(name="Stop the endpoint (endpoint_enabled is off)")
+            for path in batch:
+                file_absent(name=f"Remove {path}", path=path)
+        return
+    clients = read_clients(cfg.endpoint_clients_file)
+    clients_map, monitor_map = render_maps(cfg, clients)
+    distro_nginx_masked(name=f"Mask the distribution's {DISTRO_UNIT} (the endpoint runs its own unit)")
+    packages_installed(name="Install nginx from the distribution", packages=["nginx"])
+    conf = render_conf(cfg)
+    with open(cfg.endpoint_tls_cert, encoding="utf-8") as f:
+        cert = f.read()
+    with open(cfg.endpoint_tls_key, encoding="utf-8") as f:
+        key = f.read()
+    for dest, content, what in ((CERT, cert, "certificate"), (KEY, key, "private key"),
+                                (CLIENTS_MAP, clients_map, "client keys"), (MONITOR_MAP, monitor_map, "monitoring key"),
+                                (CONF, conf, "nginx configuration")):
+        secret_file(name=f"Install the endpoint's {what} (0600, never printed)", src=StringIO(content), dest=dest,
+                    batch=batch)
+    unit = render_unit(cfg)
+    atomic_put(name=f"Install {UNIT}.service", src=StringIO(unit), dest=UNIT_PATH, batch=batch,
+               resets=follow_up_stamp(RESTART_STAMP))
+    follow_up_done(name="Apply the endpoint's unit (daemon-reload, restart)", stamp=RESTART_STAMP,
+                   command=f"systemctl daemon-reload && systemctl restart {UNIT}.service", paths=(UNIT_PATH,),
+                   contents=(unit,))
+    unit_running(name=f"Start and enable {UNIT}.service", unit=f"{UNIT}.service")
+    follow_up_done(name="Reload the endpoint after a change of keys, certificate or routes (graceful: streams go on)",
+                   stamp=RELOAD_STAMP, command=f"systemctl reload {UNIT}.service",
+                   paths=(CERT, KEY, CLIENTS_MAP, MONITOR_MAP, CONF), contents=(cert, key, clients_map, monitor_map, conf))
+
+
+def endpoint_url(cfg: NodeConfig) -> str:
+    """What a client calls: the endpoint's base URL."""
+    return f"https://{_host(cfg.endpoint_address)}:{cfg.endpoint_port}"
+
