@@ -20,7 +20,9 @@ paths. DIR must be outside the repository (the inventory check refuses secrets i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import fcntl
 import ipaddress
 import os
 import secrets
@@ -37,6 +39,15 @@ def _write(path: str, data: bytes, mode: int) -> None:
         f.write(data)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def locked(directory: str):
+    """``directory`` (made 0700 when missing) held by this process alone: two runs never write its files at once."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    with open(os.path.join(directory, ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def _name(common: str):
@@ -134,7 +145,8 @@ def add_clients(path: str, names: list[str]) -> list[str]:
             existing += f"{name} {secrets.token_urlsafe(32)}\n"
             have.add(name)
             added.append(name)
-    _write(path, existing.encode(), 0o600)
+    if added or not os.path.exists(path):
+        _write(path, existing.encode(), 0o600)
     return added
 
 
@@ -149,16 +161,16 @@ def main(argv: list[str]) -> int:
     if directory.startswith(os.path.realpath(os.getcwd()) + os.sep) and os.path.exists("deploys/endpoint_ca.py"):
         print(f"{directory}: inside the repository; keep secrets outside it", file=sys.stderr)
         return 2
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
-    lab_ca(directory)
-    print(f"CA: {directory}/ca.crt (clients verify the endpoints with it)")
-    for address in args.address:
-        cert, key = endpoint_certificate(directory, address, args.dns)
-        print(f"endpoint {address}: endpoint_tls_cert {cert}, endpoint_tls_key {key}")
-    if args.client:
-        added = add_clients(f"{directory}/clients", args.client)
-        print(f"clients: {directory}/clients ({', '.join(added) or 'no new client'} added; keys are in the file)")
+    with locked(directory):
+        os.chmod(directory, 0o700)
+        lab_ca(directory)
+        print(f"CA: {directory}/ca.crt (clients verify the endpoints with it)")
+        for address in args.address:
+            cert, key = endpoint_certificate(directory, address, args.dns)
+            print(f"endpoint {address}: endpoint_tls_cert {cert}, endpoint_tls_key {key}")
+        if args.client:
+            added = add_clients(f"{directory}/clients", args.client)
+            print(f"clients: {directory}/clients ({', '.join(added) or 'no new client'} added; keys are in the file)")
     return 0
 
 

@@ -62,6 +62,20 @@ def fabric_problem(cfg: NodeConfig, addresses: list[str]) -> str | None:
             f"{', '.join(a.split('/')[0] for a in addresses)}): the other ranks could not reach it")
 
 
+def endpoint_address_problem(cfg: NodeConfig, addresses: list[str]) -> str | None:
+    """The endpoint listens on one of the head's own addresses (any of lo's network for a loopback one). Unknown
+    (no iproute2) is not refused."""
+    if not (cfg.endpoint_enabled and cfg.is_head) or not addresses:
+        return None
+    want = ipaddress.ip_address(cfg.endpoint_address)
+    for cidr in addresses:
+        iface = ipaddress.ip_interface(cidr.split("%", 1)[0])
+        if iface.ip == want or (iface.ip.is_loopback and want in iface.network):
+            return None
+    return (f"endpoint_address {cfg.endpoint_address} is not an address of this node (it has "
+            f"{', '.join(a.split('/')[0] for a in addresses)}): the endpoint could not listen there")
+
+
 def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: dict | None = None,
                  addresses: list[str] | None = None, devices: list[str] | None = None) -> list[str]:
     """What stops this host from running its profile (empty when it can). ``devices``: which of
@@ -72,9 +86,9 @@ def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: d
         out.append(f"container_devices {', '.join(missing_devices)} not on this node (no RDMA NIC, or its driver "
                    f"is not loaded; RDMA devices seen: {', '.join(res.get('rdma') or []) or 'none'}): the "
                    "container could not start")
-    fabric = fabric_problem(cfg, addresses or [])
-    if fabric:
-        out.append(fabric)
+    for problem in (fabric_problem(cfg, addresses or []), endpoint_address_problem(cfg, addresses or [])):
+        if problem:
+            out.append(problem)
     gpus = (smi or {}).get("gpus") or []
     if (smi or {}).get("hung"):
         out.append(smi["error"])

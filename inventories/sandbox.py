@@ -32,6 +32,20 @@ def _node(name: str, port: int, **data):
     })
 
 
+def _endpoint(address: str, port: int) -> dict:
+    """The head's endpoint on a loopback address of its own (nothing the sandbox starts listens beyond loopback; the
+    address stands for the head's LAN address), with a lab CA and client keys made on first use under _DIR."""
+    from deploys.endpoint_ca import add_clients, endpoint_certificate, locked
+
+    d = f"{_DIR}/endpoint"
+    with locked(d):
+        cert, key = endpoint_certificate(d, address, [])
+        add_clients(f"{d}/clients", ["demo", "prometheus"])
+    return {"endpoint_enabled": True, "endpoint_address": address, "endpoint_port": port, "endpoint_tls_cert": cert,
+            "endpoint_tls_key": key, "endpoint_tls_ca": f"{d}/ca.crt", "endpoint_clients_file": f"{d}/clients",
+            "endpoint_metrics_client": "prometheus"}
+
+
 _A, _B = "7872f01b1d1fe23eabc4c98b48bffcef5a386062", "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
 
 # Nodes share this machine's network namespace, so each serves its API (and, in a push fan-out, its model copy)
@@ -52,7 +66,8 @@ _CPU_VLLM_ARGS = ["--max-model-len", "2048", "--max-num-seqs", "2", "--enable-au
 # the length tests/sandbox/tiny_model.py checks its copy circuit at (NEEDLE_CHECK_TOKENS)
 _B_LONG_CONTEXT = 1536
 
-rtx_pro_6000_pair = [_node("sandbox-a", 2201, api_port=8101, model_peer_port=8731, service_env=_A_ENV, **_manifest(_A))]
+rtx_pro_6000_pair = [_node("sandbox-a", 2201, api_port=8101, model_peer_port=8731, service_env=_A_ENV, **_manifest(_A),
+                           **_endpoint("127.0.0.2", 8441))]
 
 gb10_dspark = [
     _node("sandbox-b0", 2202, node_rank=0, fabric_address="127.0.1.10", api_port=8102, model_peer_port=8732,

@@ -5,6 +5,8 @@ Stdlib only; runs on the node (the API stays on loopback) or anywhere that can r
     serving_gate.py BASE_URL MODEL_NAME [--wait S] [--concurrency K --concurrency-tokens N
                     [--min-aggregate-tok-s R]]   -> one JSON object per line: {"check", "ok", "detail"}
     serving_gate.py BASE_URL MODEL_NAME --wait S --ready-only    -> only the readiness wait
+    SERVING_GATE_API_KEY=... [SERVING_GATE_METRICS_KEY=...] serving_gate.py https://ENDPOINT MODEL --cacert CA
+                                                                 -> the same, through an authenticated endpoint
 
 Checks: /health; /v1/models lists MODEL_NAME; coherence at temperature 0 ("capital of France" must say
 Paris); a named tool call (get_weather, arguments exactly {"city": "Paris"}) and its tool-result
@@ -98,11 +100,21 @@ def tool_result_messages(call_id, name, arguments):
     ]
 
 
+# Through an authenticated endpoint (deploys/endpoint.py), as a client would: TLS verified against --cacert, the
+# client's key from $SERVING_GATE_API_KEY and the monitoring client's from $SERVING_GATE_METRICS_KEY (/metrics),
+# never from the command line (a process listing shows it). On a head's loopback API: neither.
+CLIENT = {"ssl": None, "key": os.environ.get("SERVING_GATE_API_KEY"),
+          "metrics_key": os.environ.get("SERVING_GATE_METRICS_KEY")}
+
+
 def call(base, path, body=None, timeout=120):
+    headers = {"Content-Type": "application/json"}
+    key = CLIENT["metrics_key"] if path == "/metrics" else CLIENT["key"]
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     req = urllib.request.Request(base.rstrip("/") + path, method="POST" if body is not None else "GET",
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+                                 data=json.dumps(body).encode() if body is not None else None, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout, context=CLIENT["ssl"]) as r:
         raw = r.read().decode("utf-8", "replace")
         return r.status, raw
 
@@ -315,7 +327,12 @@ def main(argv):
     parser.add_argument("--concurrency", type=int, default=0, help="K simultaneous requests (0: no proof)")
     parser.add_argument("--concurrency-tokens", type=int, default=256, help="exact completion tokens of each")
     parser.add_argument("--min-aggregate-tok-s", type=float, default=0.0)
+    parser.add_argument("--cacert", help="CA file an https BASE is verified with (an authenticated endpoint)")
     args = parser.parse_args(argv)
+    if args.cacert:
+        import ssl
+
+        CLIENT["ssl"] = ssl.create_default_context(cafile=args.cacert)
     results = []
     if args.wait or args.ready_only:
         try:

@@ -41,9 +41,32 @@ def generate_manifests(inventory_file: str = "inventories/sandbox.py", endpoint:
         print(path)
 
 
+def endpoint_lines(inventory_file: str = "inventories/sandbox.py") -> list[str]:
+    """For each head with an endpoint, the curl line a client on the LAN runs: TLS verified against the lab CA, its
+    key from a 0600 header file beside the clients file (never on a command line)."""
+    import os
+
+    from deploys.endpoint import endpoint_url, read_clients
+
+    lines = []
+    for cfg in inventory_configs(load_inventory(inventory_file)).values():
+        if not (cfg.endpoint_enabled and cfg.is_head):
+            continue
+        clients = read_clients(cfg.endpoint_clients_file)
+        client = next(n for n in clients if n != cfg.endpoint_metrics_client)
+        header = os.path.join(os.path.dirname(cfg.endpoint_clients_file), f"{client}.header")
+        fd = os.open(header, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"Authorization: Bearer {clients[client]}\n")
+        lines.append(f"curl -sS --fail --cacert {cfg.endpoint_tls_ca} -H @{header} {endpoint_url(cfg)}/v1/models")
+    return lines
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--manifests"]:
         generate_manifests(*sys.argv[2:])
+    elif sys.argv[1:2] == ["--endpoints"]:
+        print("\n".join(endpoint_lines(*sys.argv[2:])))
     else:
         for node in sandbox_nodes(*sys.argv[1:]):
             print(*node)

@@ -1,0 +1,128 @@
+"""Audit of the authenticated TLS endpoint (deploys/endpoint.py) on each head that has one, from the control node,
+exactly as a client reaches it: TLS verified against the inventory's CA, bearer keys from the clients file. It
+serves the allowed routes to a valid key and refuses everything else; vLLM and everything else on the head stay on
+loopback; no client key shows in a process listing or the access log. Heads without an endpoint: the endpoint's
+unit is not there."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from deploys.endpoint import ACCESS_LOG, UNIT, endpoint_url, read_clients
+from deploys.inference_service import served_model_name
+
+
+@pytest.fixture
+def endpoint_node(node, head_only):
+    if not node.cfg.endpoint_enabled:
+        pytest.skip(f"{node.name}: endpoint_enabled is off (the API is on loopback only)")
+    return node
+
+
+def _clients(node) -> tuple[str, str | None]:
+    """A client's key and the monitoring client's (None without one)."""
+    clients = read_clients(node.cfg.endpoint_clients_file)
+    monitor = node.cfg.endpoint_metrics_client
+    return next(k for n, k in clients.items() if n != monitor), clients.get(monitor) if monitor else None
+
+
+def _get(node, path: str, key: str | None = None, method: str = "GET", **kw) -> requests.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return requests.request(method, endpoint_url(node.cfg) + path, headers=headers, timeout=30,
+                            verify=node.cfg.endpoint_tls_ca or True, **kw)
+
+
+def test_the_endpoint_unit_runs_where_the_inventory_has_one_and_nowhere_else(node, head_only):
+    service = node.host.service(f"{UNIT}.service")
+    if node.cfg.endpoint_enabled:
+        assert service.is_running and service.is_enabled, f"{node.name}: {UNIT}.service is not running and enabled"
+    else:
+        assert not service.is_running, f"{node.name}: {UNIT}.service runs, but endpoint_enabled is off"
+
+
+def test_the_endpoint_serves_a_client_key_over_verified_tls(endpoint_node):
+    key, _ = _clients(endpoint_node)
+    models = _get(endpoint_node, "/v1/models", key)
+    assert models.status_code == 200, f"{endpoint_node.name}: /v1/models through the endpoint: {models.status_code}"
+    assert served_model_name(endpoint_node.cfg) in [m["id"] for m in models.json()["data"]]
+    assert _get(endpoint_node, "/health", key).status_code == 200
+
+
+def test_the_endpoint_refuses_no_key_a_wrong_key_and_paths_off_its_list(endpoint_node):
+    key, monitor = _clients(endpoint_node)
+    assert _get(endpoint_node, "/v1/models").status_code == 401, "no key"
+    assert _get(endpoint_node, "/v1/models", "x" * 43).status_code == 401, "a wrong key"
+    allowed = set(endpoint_node.cfg.endpoint_routes)
+    for path in ("/invocations", "/tokenize", "/pause", "/update_weights", "/docs", "/v1/../metrics"):
+        if path not in allowed:
+            assert _get(endpoint_node, path, key, method="POST").status_code in (401, 403, 404), path
+    assert _get(endpoint_node, "/metrics", key).status_code == 401, "/metrics with a client key"
+    if monitor:
+        metrics = _get(endpoint_node, "/metrics", monitor)
+        assert metrics.status_code == 200 and "vllm:" in metrics.text, "/metrics with the monitoring key"
+        assert _get(endpoint_node, "/v1/models", monitor).status_code == 401, "the monitoring key used for inference"
+
+
+@pytest.mark.serving
+def test_serving_gate_through_the_endpoint(endpoint_node):
+    """The serving gate's dialogues from the control node through the endpoint, as a client sends them."""
+    key, monitor = _clients(endpoint_node)
+    gate = os.path.join(os.path.dirname(__file__), "..", "..", "files", "serving_gate", "serving_gate.py")
+    env = {**os.environ, "SERVING_GATE_API_KEY": key, **({"SERVING_GATE_METRICS_KEY": monitor} if monitor else {})}
+    args = [sys.executable, gate, endpoint_url(endpoint_node.cfg), served_model_name(endpoint_node.cfg)]
+    if endpoint_node.cfg.endpoint_tls_ca:
+        args += ["--cacert", endpoint_node.cfg.endpoint_tls_ca]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    failed = [line for line in result.stdout.splitlines() if '"ok": false' in line]
+    assert result.returncode == 0 and not failed, f"{endpoint_node.name}: {failed or result.stderr[-2000:]}"
+
+
+def _listeners(node) -> list[tuple[str, int, str, str]]:
+    """(address, port, process, its cgroup) of every TCP listener a process of this node owns (`ss -p` names only
+    the node's own: nodes that share a network namespace see each other's sockets without a process)."""
+    out = node.host.check_output("ss -Hltnp")
+    found = []
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) < 6 or "users:((" not in line:
+            continue
+        address, _, port = words[3].rpartition(":")
+        owner = line.split('users:(("', 1)[1]
+        pid = owner.split("pid=", 1)[1].split(",", 1)[0]
+        cgroup = node.host.run(f"cat /proc/{pid}/cgroup").stdout.strip()
+        found.append((address.strip("[]").split("%")[0], int(port), owner.split('"', 1)[0], cgroup))
+    return found
+
+
+def test_nothing_on_the_node_listens_beyond_loopback_but_ssh_the_endpoint_and_the_fabric(node):
+    """Beyond loopback (and the endpoint's own address, which stands for the LAN even where it is a loopback one):
+    sshd, the endpoint on its address and port, and in a multi-node cluster what its ranks open on the fabric."""
+    endpoint = (node.cfg.endpoint_address, node.cfg.endpoint_port) if node.cfg.endpoint_enabled else None
+    wrong = []
+    service = f"/{node.cfg.container_name}.service/"
+    for address, port, process, cgroup in _listeners(node):
+        if endpoint and (address, port) == endpoint and process == "nginx" and f"/{UNIT}.service" in cgroup:
+            continue
+        if process == "sshd":
+            continue
+        if node.cfg.fabric_address and service in cgroup:  # a multi-node job's ranks reach each other
+            continue
+        ip = ipaddress.ip_address(address)
+        if not ip.is_unspecified and ip.is_loopback and not (endpoint and address == endpoint[0]):
+            continue
+        wrong.append(f"{process} on {address}:{port}")
+    assert not wrong, f"{node.name}: listening beyond loopback where the inventory says nothing: {', '.join(wrong)}"
+
+
+def test_no_client_key_shows_in_a_process_listing_or_the_access_log(endpoint_node):
+    keys = list(read_clients(endpoint_node.cfg.endpoint_clients_file).values())
+    listing = endpoint_node.host.check_output("ps -eo args")
+    assert not [k for k in keys if k in listing], f"{endpoint_node.name}: a client key in the process listing"
+    log = endpoint_node.host.run(f"cat {ACCESS_LOG}").stdout
+    assert not [k for k in keys if k in log], f"{endpoint_node.name}: a client key in {ACCESS_LOG}"

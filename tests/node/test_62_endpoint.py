@@ -1,0 +1,179 @@
+"""The authenticated TLS endpoint on a sandbox head (real nginx from Debian, real vLLM behind it): a client on this
+machine reaches sandbox-a through it exactly as a LAN client would (TLS verified against the sandbox's lab CA,
+bearer keys), streams arrive as they are produced, keys rotate by a converge without cutting a running stream,
+and the audit fails when the endpoint is down, when something else listens beyond loopback, or when a key shows
+in a process listing. sandbox-b0's cluster has no endpoint: nothing of it is on its head."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import requests
+
+from deploys.endpoint import UNIT, endpoint_url, read_clients
+from deploys.inventory import inventory_configs, load_inventory
+from tests.node.conftest import INVENTORY, on_node, pyinfra, wait_serving
+
+HEAD = "sandbox-a"
+AUDIT = [sys.executable, "-m", "pytest", "-q", "-rA", "tests/audit/test_endpoint.py", "--inventory", INVENTORY]
+
+
+def _cfg():
+    return inventory_configs(load_inventory(INVENTORY))[HEAD]
+
+
+def _keys(cfg) -> dict[str, str]:
+    return read_clients(cfg.endpoint_clients_file)
+
+
+def _post(cfg, key: str | None, body: dict, **kw) -> requests.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return requests.post(endpoint_url(cfg) + "/v1/chat/completions", json=body, headers=headers, timeout=600,
+                         verify=cfg.endpoint_tls_ca, **kw)
+
+
+def _chat(max_tokens: int, stream: bool = False) -> dict:
+    return {"model": "grandpa", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream,
+            **({"stream_options": {"include_usage": True}} if stream else {})}
+
+
+def _audit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*AUDIT, *args], capture_output=True, text=True, timeout=900)
+
+
+def test_the_serving_gate_passes_through_the_endpoint_with_tls_verified(sandbox):
+    wait_serving([HEAD])
+    cfg = _cfg()
+    assert cfg.endpoint_enabled and cfg.endpoint_address == "127.0.0.2"
+    listen = on_node(HEAD, f"ss -Hltnp 'sport = :{cfg.endpoint_port}'").stdout
+    assert f"127.0.0.2:{cfg.endpoint_port}" in listen and "nginx" in listen, listen
+    audit = _audit("-m", "serving or not serving")
+    assert audit.returncode == 0, audit.stdout[-4000:]
+    assert f"PASSED tests/audit/test_endpoint.py::test_serving_gate_through_the_endpoint[{HEAD}]" in audit.stdout
+    assert "SKIPPED" in audit.stdout and "endpoint_enabled is off" in audit.stdout  # sandbox-b0: no endpoint
+    assert on_node("sandbox-b0", f"systemctl is-active {UNIT}.service").stdout.strip() != "active"
+    assert on_node(HEAD, "systemctl is-enabled nginx.service").stdout.strip() == "masked"
+    # no certificate check: refused (the CA is the lab's own; clients verify against it)
+    try:
+        requests.get(endpoint_url(cfg) + "/health", timeout=10)
+        raise AssertionError("a client that trusts only the system's CAs accepted the lab certificate")
+    except requests.exceptions.SSLError:
+        pass
+
+
+def test_a_stream_arrives_in_pieces_while_it_is_generated(sandbox):
+    """Buffering off: server-sent events reach the client as vLLM produces them, not all at once at the end."""
+    cfg = _cfg()
+    key = _keys(cfg)["demo"]
+    t0 = time.monotonic()
+    arrivals = []
+    with _post(cfg, key, _chat(256, stream=True), stream=True) as r:
+        assert r.status_code == 200, r.text[:500]
+        for piece in r.iter_content(chunk_size=None):
+            arrivals.append((time.monotonic() - t0, piece))
+    total = arrivals[-1][0]
+    first_data = next(t for t, piece in arrivals if b"data:" in piece)
+    assert len(arrivals) > 10, f"{len(arrivals)} pieces: the stream came in one block"
+    assert first_data < 0.5 * total, f"first token at {first_data:.2f} s of {total:.2f} s: buffered until the end"
+    usage = [json.loads(line[5:]) for t, p in arrivals for line in p.decode().splitlines()
+             if line.startswith("data: {") and '"usage"' in line and '"completion_tokens"' in line]
+    assert usage and usage[-1]["usage"]["completion_tokens"] == 256
+
+
+def test_a_key_rotated_by_a_converge_works_the_old_fails_and_a_running_stream_completes(sandbox, tmp_path):
+    cfg = _cfg()
+    clients = cfg.endpoint_clients_file
+    saved = open(clients).read()
+    old = _keys(cfg)["demo"]
+    new = "rotated-" + "k" * 40
+    tokens = 1500
+    result: dict = {}
+
+    def stream():
+        pieces, t0 = 0, time.monotonic()
+        with _post(cfg, old, _chat(tokens, stream=True), stream=True) as r:
+            result["status"] = r.status_code
+            for piece in r.iter_content(chunk_size=None):
+                pieces += 1
+                if pieces == 1:
+                    result["started"] = time.monotonic()
+                result.setdefault("text", []).append(piece.decode(errors="replace"))
+        result["ended"] = time.monotonic()
+        result["s"] = result["ended"] - t0
+
+    try:
+        thread = threading.Thread(target=stream)
+        thread.start()
+        for _ in range(600):
+            if "started" in result:
+                break
+            time.sleep(0.05)
+        with open(clients, "w") as f:
+            f.write(saved.replace(old, new))
+        proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", HEAD)
+        reloaded = time.monotonic()
+        assert "Reload the endpoint after a change of keys" in proc.stderr
+        assert new not in proc.stdout + proc.stderr and old not in proc.stdout + proc.stderr, "a key in pyinfra's output"
+        assert _post(cfg, old, _chat(4)).status_code == 401, "the old key still works"
+        assert _post(cfg, new, _chat(4)).status_code == 200, "the new key does not work"
+        thread.join(timeout=600)
+        assert result.get("status") == 200, result.get("status")
+        assert result["ended"] > reloaded, (f"the stream ended ({result['s']:.1f} s) before the reload: it shows "
+                                            "nothing; raise its max_tokens")
+        text = "".join(result["text"])
+        assert text.rstrip().endswith("data: [DONE]"), text[-300:]
+        usage = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data: {") and '"usage"' in line
+                 and '"completion_tokens"' in line]
+        assert usage[-1]["usage"]["completion_tokens"] == tokens, "the stream was cut"
+    finally:
+        with open(clients, "w") as f:
+            f.write(saved)
+        pyinfra(INVENTORY, "deploys/all.py", "--limit", HEAD)
+    assert _post(cfg, old, _chat(4)).status_code == 200
+
+
+def test_the_audit_fails_when_the_endpoint_is_down_something_else_listens_or_a_key_shows(sandbox):
+    cfg = _cfg()
+    key = _keys(cfg)["demo"]
+    assert _audit().returncode == 0
+    try:
+        on_node(HEAD, f"systemctl stop {UNIT}.service")
+        down = _audit()
+        assert down.returncode != 0 and f"FAILED tests/audit/test_endpoint.py::test_the_endpoint_serves_a_client_key_over_verified_tls[{HEAD}]" in down.stdout, down.stdout[-3000:]
+    finally:
+        on_node(HEAD, f"systemctl start {UNIT}.service")
+    try:  # a listener inside the service's container on the address that stands for the LAN
+        on_node(HEAD, "podman exec -d grandpa python3 -m http.server -b 127.0.0.2 9998")
+        time.sleep(2)
+        stray = _audit("-k", "beyond_loopback")
+        assert stray.returncode != 0 and "on 127.0.0.2:9998" in stray.stdout, stray.stdout[-3000:]
+    finally:
+        on_node(HEAD, "podman exec grandpa pkill -f 'http.server -b 127.0.0.2 9998'")
+    try:
+        on_node(HEAD, f"systemd-run --unit=inference-nodes-test-leak sh -c 'sleep 600' leak {key}")
+        leak = _audit("-k", "process_listing")
+        assert leak.returncode != 0 and "a client key in the process listing" in leak.stdout, leak.stdout[-3000:]
+        assert key not in leak.stdout + leak.stderr, "the audit printed the key it found"
+    finally:
+        on_node(HEAD, "systemctl stop inference-nodes-test-leak.service")
+    assert _audit().returncode == 0
+
+
+def test_an_endpoint_turned_off_leaves_nothing_listening(sandbox, tmp_path):
+    from tests.node.conftest import inventory_copy
+
+    off = inventory_copy(tmp_path, ('**_endpoint("127.0.0.2", 8441)', 'endpoint_enabled=False'))
+    try:
+        pyinfra(off, "deploys/all.py", "--limit", HEAD)
+        assert on_node(HEAD, f"systemctl is-active {UNIT}.service").stdout.strip() != "active"
+        assert on_node(HEAD, "ss -Hltn 'sport = :8441'").stdout.strip() == ""
+        assert on_node(HEAD, "ls /etc/inference-nodes/endpoint 2>/dev/null").stdout.strip() == ""
+    finally:
+        pyinfra(INVENTORY, "deploys/all.py", "--limit", HEAD)
+    cfg = _cfg()
+    assert _post(cfg, _keys(cfg)["demo"], _chat(4)).status_code == 200
