@@ -28,10 +28,10 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy
-from pyinfra.facts.files import File, Link
+from pyinfra.facts.files import Link
 
 from deploys.inventory import node_config
-from deploys.ops import (atomic_put, fail_host, file_absent, follow_up_done, follow_up_reads, follow_up_stamp,
+from deploys.ops import (atomic_put, fail_host, follow_up_done, follow_up_reads, follow_up_stamp,
                          packages_installed, secret_file, unit_running)
 from deploys.run.reads import expect, operation, read, service_reads
 from deploys.schema import NodeConfig
@@ -264,9 +264,11 @@ WantedBy=multi-user.target
 
 
 def endpoint_reads(cfg: NodeConfig) -> list:
-    return [(ManagedFiles, {"paths": (*FILES, UNIT_PATH)}), (Link, {"path": DISTRO_MASK}),
-            *service_reads(DISTRO_UNIT), *service_reads(f"{UNIT}.service"),
-            *follow_up_reads(RELOAD_STAMP, RESTART_STAMP), *[(File, {"path": p}) for p in (*FILES, UNIT_PATH)]]
+    """What the endpoint's operations read on this node (deploys/run/reads.py expect)."""
+    here = [(ManagedFiles, {"paths": (*FILES, UNIT_PATH)}), *service_reads(f"{UNIT}.service")]
+    if not (cfg.endpoint_enabled and cfg.is_head):
+        return here
+    return [*here, (Link, {"path": DISTRO_MASK}), *service_reads(DISTRO_UNIT), *follow_up_reads(RELOAD_STAMP, RESTART_STAMP)]
 
 
 @operation()
@@ -287,13 +289,17 @@ def distro_nginx_masked():
 
 
 @operation()
-def endpoint_stopped():
-    """An endpoint turned off (or on a node that is no longer a head) leaves nothing: unit stopped and disabled."""
+def endpoint_removed():
+    """An endpoint turned off (or on a node that is no longer a head) leaves nothing: its unit stopped and disabled,
+    its files gone (the distribution's nginx package stays, masked)."""
     status, enabled = (read(host, cls, **kwargs) for cls, kwargs in service_reads(f"{UNIT}.service"))
-    if not status.get(f"{UNIT}.service") and not enabled.get(f"{UNIT}.service"):
-        host.noop(f"{UNIT}.service is not running")
-        return
-    yield StringCommand("systemctl", "disable", "--now", f"{UNIT}.service")
+    present = [p for p, info in read(host, ManagedFiles, paths=(*FILES, UNIT_PATH)).items() if info is not None]
+    if status.get(f"{UNIT}.service") or enabled.get(f"{UNIT}.service"):
+        yield StringCommand("systemctl", "disable", "--now", f"{UNIT}.service")
+    if present:
+        yield StringCommand("rm", "-f", *present)
+    if not (present or status.get(f"{UNIT}.service") or enabled.get(f"{UNIT}.service")):
+        host.noop("no endpoint on this node")
 
 
 @deploy("Endpoint")
@@ -303,11 +309,7 @@ def endpoint():
     expect(endpoint_reads(cfg))
     batch = (*FILES, UNIT_PATH)
     if not (cfg.endpoint_enabled and cfg.is_head):
-        have = read(host, ManagedFiles, paths=batch)
-        if any(have.get(p) for p in batch):  # it had one: nothing of it stays
-            endpoint_stopped(name="Stop the endpoint (endpoint_enabled is off)")
-            for path in batch:
-                file_absent(name=f"Remove {path}", path=path)
+        endpoint_removed(name="No endpoint on this node (endpoint_enabled is off, or not the head)")
         return
     clients = read_clients(cfg.endpoint_clients_file)
     clients_map, monitor_map = render_maps(cfg, clients)
