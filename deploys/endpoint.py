@@ -47,11 +47,12 @@ MONITOR_MAP = f"{DIR}/monitor.map"
 CERT = f"{DIR}/tls.crt"
 KEY = f"{DIR}/tls.key"
 ACCESS_LOG = f"/var/log/{UNIT}/access.log"
+LOGROTATE = f"/etc/logrotate.d/{UNIT}"
 DISTRO_UNIT = "nginx.service"
 DISTRO_MASK = f"/etc/systemd/system/{DISTRO_UNIT}"
 RELOAD_STAMP = "endpoint-reload"
 RESTART_STAMP = "endpoint-unit"
-FILES = (CONF, CLIENTS_MAP, MONITOR_MAP, CERT, KEY)
+FILES = (CONF, CLIENTS_MAP, MONITOR_MAP, CERT, KEY, LOGROTATE)
 
 CLIENT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 CLIENT_KEY = re.compile(r"[A-Za-z0-9._~+/=-]{%d,512}" % CLIENT_KEY_MIN_LENGTH)
@@ -263,6 +264,14 @@ WantedBy=multi-user.target
 """
 
 
+def render_logrotate() -> str:
+    """The access log rotated weekly, four kept; nginx reopens its log on USR1 (no restart, no cut stream)."""
+    return (f"# inference-nodes: the endpoint's access log (deploys/endpoint.py)\n{ACCESS_LOG} {{\n    weekly\n"
+            f"    rotate 4\n    compress\n    delaycompress\n    missingok\n    notifempty\n    create 0640 root adm\n"
+            f"    postrotate\n        systemctl kill -s USR1 --kill-whom=main {UNIT}.service 2>/dev/null || true\n"
+            f"    endscript\n}}\n")
+
+
 def endpoint_reads(cfg: NodeConfig) -> list:
     """What the endpoint's operations read on this node (deploys/run/reads.py expect)."""
     here = [(ManagedFiles, {"paths": (*FILES, UNIT_PATH)}), *service_reads(f"{UNIT}.service")]
@@ -325,6 +334,8 @@ def endpoint():
                                 (CONF, conf, "nginx configuration")):
         secret_file(name=f"Install the endpoint's {what} (0600, never printed)", src=StringIO(content), dest=dest,
                     batch=batch)
+    atomic_put(name="Rotate the endpoint's access log (logrotate)", src=StringIO(render_logrotate()), dest=LOGROTATE,
+               batch=batch)
     unit = render_unit(cfg)
     atomic_put(name=f"Install {UNIT}.service", src=StringIO(unit), dest=UNIT_PATH, batch=batch,
                resets=follow_up_stamp(RESTART_STAMP))

@@ -51,6 +51,7 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: li
     if cfg.endpoint_enabled and cfg.is_head:
         out[endpoint.CONF] = endpoint.render_conf(cfg)
         out[endpoint.UNIT_PATH] = endpoint.render_unit(cfg)
+        out[endpoint.LOGROTATE] = endpoint.render_logrotate()
         for path, key in ((endpoint.CERT, "endpoint_tls_cert"), (endpoint.KEY, "endpoint_tls_key")):
             out[path] = f"# not rendered: the deploy copies {key} here (0600)\n"
         names = list(endpoint.read_clients(cfg.endpoint_clients_file))
