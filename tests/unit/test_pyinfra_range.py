@@ -61,3 +61,23 @@ def test_no_toolkit_module_replaces_a_pyinfra_attribute():
     probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == "nothing replaced", probe.stdout
+
+
+def test_every_fact_read_and_operation_goes_through_the_toolkits_own_helpers():
+    """Facts are read through deploys/run/reads.py (kept while nothing changed, batched), never host.get_fact
+    directly; operations are the toolkit's own (deploys/run/reads.py operation): an operation of pyinfra's would
+    read its facts on its own and make the kept answers stale after every run of it."""
+    import pathlib
+
+    direct, builtin = [], []
+    for path in pathlib.Path("deploys").rglob("*.py"):
+        text = path.read_text()
+        if path.as_posix() != "deploys/run/reads.py":
+            direct += [f"{path}:{n}" for n, line in enumerate(text.splitlines(), 1) if ".get_fact(" in line]
+            builtin += [f"{path}:{n}" for n, line in enumerate(text.splitlines(), 1)
+                        if re.match(r"\s*@(pyinfra\.api\.)?operation\b", line) is None and "from pyinfra.api import" in line
+                        and re.search(r"\boperation\b", line)]
+        builtin += [f"{path}: {m}" for m in re.findall(r"from pyinfra\.operations import ([\w, ]+)", text)
+                    if m.strip() != "server"]  # server.reboot's body, yielded from the driver's own operation
+    assert not direct, f"host.get_fact called directly (use deploys.run.reads.read): {direct}"
+    assert not builtin, f"pyinfra's own operations or decorator used (use the toolkit's): {builtin}"
