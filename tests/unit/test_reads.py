@@ -225,3 +225,11 @@ def test_answers_read_while_planning_are_not_used_after_the_prompt(tmp_path):
             path.write_text("changed while the prompt waited")
             state.set_stage(StateStage.Execute)
             assert reads.read(host, Command, command=f"cat {path}") == want
+
+
+def test_a_batch_the_shell_cannot_run_fails_no_host_and_each_read_is_made_alone(local_host):
+    state, host = local_host
+    with ctx_host.use(host):
+        reads.expect([(Command, {"command": "echo 'unbalanced"})])  # breaks the whole batch's script
+    assert reads.read(host, Command, command="echo fine") == "fine"
+    assert host not in state.failed_hosts
