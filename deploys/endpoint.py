@@ -119,9 +119,14 @@ def _host(address: str) -> str:
 
 def render_maps(cfg: NodeConfig, clients: dict[str, str]) -> tuple[str, str]:
     """The two `map` bodies: `Authorization` value -> client name, for the clients and for the monitoring one.
+    nginx compares a map's plain strings ignoring case, so each key is a case-sensitive regular expression, every
+    character that is not a letter or digit in a class of its own (no escape for nginx's parser or PCRE to read).
     Names and keys are checked (read_clients): no quote, space, `;` or `$` reaches the file."""
+    def pattern(key: str) -> str:
+        return "".join(c if c.isalnum() else f"[{c}]" for c in key)
+
     def lines(pairs):
-        return "".join(f'"Bearer {key}" "{name}";\n' for name, key in pairs)
+        return "".join(f'"~^[Bb]earer[ ]{pattern(key)}$" "{name}";\n' for name, key in pairs)
 
     header = "# inference-nodes: client keys (generated from endpoint_clients_file; 0600 root)\n"
     monitor = [(n, k) for n, k in clients.items() if n == cfg.endpoint_metrics_client]
@@ -226,7 +231,7 @@ http {{
 def render_unit(cfg: NodeConfig) -> str:
     """The endpoint's unit: nginx as the master (root: it binds the port and reads the keys) with workers as
     www-data, started after its config checks, reloaded gracefully, confined to what it writes."""
-    nginx = f"/usr/sbin/nginx -c {CONF}"
+    nginx = f"/usr/sbin/nginx -e stderr -c {CONF}"  # -e: not the build's default error log (read-only here)
     return f"""# inference-nodes: the authenticated TLS endpoint in front of {cfg.container_name}.service (deploys/endpoint.py)
 [Unit]
 Description=inference-nodes endpoint: TLS and client keys in front of the vLLM API on loopback
