@@ -187,7 +187,7 @@ def test_render_shows_the_endpoint_without_its_secrets(lab, tmp_path):
     cfg = configs["node-a"]
     cluster = cluster_of(configs, "node-a")
     files = host_files(cfg, cluster.head, cluster.size, cluster.members)
-    assert files[CONF] == render_conf(cfg) and "nginx -c" in files[UNIT_PATH]
+    assert files[CONF] == render_conf(cfg) and f"-c {CONF}" in files[UNIT_PATH]
     assert "workstation" in files[CLIENTS_MAP] and "prometheus" in files[MONITOR_MAP]
     text = "".join(files.values())
     assert not any(k in text for k in _keys(str(lab / "clients")))
