@@ -52,6 +52,7 @@ def _node(i):
         "ssh_known_hosts_file": "/dev/null", "_sudo": False, "cluster_name": f"bench-{{i}}",
         "api_port": 8200 + i, "model_peer_port": 8740 + i, "service_env": _A_ENV,
         "tensor_parallel_size": 1, "gpu_indices": [0],  # one vLLM process per node: four fit this machine
+        "endpoint_enabled": False,  # as the figures before the endpoint existed (profile A has it on in the lab)
         **({{"model_manifest": _M}} if os.path.exists(_M) else {{}})}})
 
 rtx_pro_6000_pair = [_node(i) for i in range({n})]
