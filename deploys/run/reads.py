@@ -49,12 +49,13 @@ def read(host: Host, cls, **kwargs) -> Any:
     """What ``host.get_fact(cls, **kwargs)`` returns, read from the node only when no answer is kept."""
     host = _real(host)
     _watch(host.state)
+    if _reads_as_another(host) or any(k.startswith("_") for k in kwargs):
+        return host.get_fact(cls, **kwargs)  # another user, directory or environment: pyinfra's own read, not kept
     answers = _answers(host)
     key = read_key(cls, kwargs)
     if key not in answers:
         pending, expected = [], kept(host, _EXPECTED, list)
-        single = any(k.startswith("_") for k in kwargs)  # pyinfra's own arguments (another user, say): alone
-        if batchable(cls) and not single:
+        if batchable(cls):
             pending = [r for r in dict((read_key(*r), r) for r in [*expected, (cls, kwargs)]).items()
                        if r[0] not in answers]
         keep(host, _EXPECTED, [])
@@ -137,6 +138,16 @@ def _ended(host: Host, op_hash) -> None:
     if op_hash not in quiet:
         stale(host)
     quiet.discard(op_hash)
+
+
+# pyinfra's per-operation arguments that change who reads, where, or with what environment
+_READ_AS = ("_sudo_user", "_su_user", "_doas_user", "_chdir", "_env")
+
+
+def _reads_as_another(host: Host) -> bool:
+    """Whether the operation being run sets one of _READ_AS (the kept answers were read without it)."""
+    arguments = host.current_op_global_arguments or {}
+    return any(arguments.get(name) for name in _READ_AS)
 
 
 def _real(host) -> Host:

@@ -233,3 +233,19 @@ def test_a_batch_the_shell_cannot_run_fails_no_host_and_each_read_is_made_alone(
         reads.expect([(Command, {"command": "echo 'unbalanced"})])  # breaks the whole batch's script
     assert reads.read(host, Command, command="echo fine") == "fine"
     assert host not in state.failed_hosts
+
+
+@reads.operation()
+def _records_command(command: str, into: list):
+    into.append(reads.read(ctx_host.get(), Command, command=command))
+    return
+    yield
+
+
+def test_an_operation_run_in_another_directory_reads_there_not_from_kept_answers(tmp_path):
+    state, host = _local(check_for_changes=False)
+    here = reads.read(host, Command, command="pwd")
+    seen: list = []
+    _run(state, host, (_records_command, {"command": "pwd", "into": seen, "_chdir": str(tmp_path)}),
+         (_records_command, {"command": "pwd", "into": seen}))
+    assert seen == [str(tmp_path), here]
