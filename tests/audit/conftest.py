@@ -20,12 +20,18 @@ key checking follows the inventory (strict in inventories/lab.py).
 
 from __future__ import annotations
 
-import functools
-import os
+import importlib
+
+# pyinfra's CLI package (which the inventory loader imports) monkey-patches the standard library with gevent when
+# first imported: first, before anything imports ssl (requests, for the endpoint's checks), as the real CLI does.
+importlib.import_module("pyinfra_cli")
+
+import functools  # noqa: E402
+import os  # noqa: E402
 from dataclasses import dataclass
 
-import pytest
-import testinfra
+import pytest  # noqa: E402
+import testinfra  # noqa: E402
 
 from deploys.inventory import LimitError, limited_hosts, load_inventory, ssh_options
 from deploys.schema import NodeConfig, validate_inventory

@@ -93,6 +93,7 @@ def _listeners(node) -> list[tuple[str, int, str, str]]:
         if len(words) < 6 or "users:((" not in line:
             continue
         address, _, port = words[3].rpartition(":")
+        address = "::" if address == "*" else address  # ss: every address
         owner = line.split('users:(("', 1)[1]
         pid = owner.split("pid=", 1)[1].split(",", 1)[0]
         cgroup = node.host.run(f"cat /proc/{pid}/cgroup").stdout.strip()

@@ -6,7 +6,11 @@ fails instead, so a CI run can never pass without it.
 
 from __future__ import annotations
 
-import json
+import importlib
+
+importlib.import_module("pyinfra_cli")  # gevent's monkey-patching first, before anything imports ssl (requests)
+
+import json  # noqa: E402
 import os
 import shutil
 import subprocess
