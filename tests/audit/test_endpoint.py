@@ -101,21 +101,23 @@ def _listeners(node) -> list[tuple[str, int, str, str]]:
     return found
 
 
-def test_nothing_on_the_node_listens_beyond_loopback_but_ssh_the_endpoint_and_the_fabric(node):
+def test_nothing_on_the_node_listens_beyond_loopback_but_ssh_the_endpoint_and_the_engine(node):
     """Beyond loopback (and the endpoint's own address, which stands for the LAN even where it is a loopback one):
-    sshd, the endpoint on its address and port, and in a multi-node cluster what its ranks open on the fabric."""
+    sshd, the endpoint on its address and port, and the engine's ranks reaching each other (torch's rendezvous
+    store binds every address and has no option not to; vLLM's API itself must be on loopback: api_port is never
+    one of those)."""
     endpoint = (node.cfg.endpoint_address, node.cfg.endpoint_port) if node.cfg.endpoint_enabled else None
-    wrong = []
     service = f"/{node.cfg.container_name}.service/"
+    wrong = []
     for address, port, process, cgroup in _listeners(node):
         if endpoint and (address, port) == endpoint and process == "nginx" and f"/{UNIT}.service" in cgroup:
             continue
         if process == "sshd" or (process == "systemd" and port == 22):  # (Ubuntu 24.04: ssh.socket's listener)
             continue
-        if node.cfg.fabric_address and service in cgroup:  # a multi-node job's ranks reach each other
-            continue
         ip = ipaddress.ip_address(address)
         if not ip.is_unspecified and ip.is_loopback and not (endpoint and address == endpoint[0]):
+            continue
+        if service in cgroup and port != node.cfg.api_port:
             continue
         wrong.append(f"{process} on {address}:{port}")
     assert not wrong, f"{node.name}: listening beyond loopback where the inventory says nothing: {', '.join(wrong)}"

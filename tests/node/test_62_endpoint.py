@@ -147,13 +147,20 @@ def test_the_audit_fails_when_the_endpoint_is_down_something_else_listens_or_a_k
         assert down.returncode != 0 and f"FAILED tests/audit/test_endpoint.py::test_the_endpoint_serves_a_client_key_over_verified_tls[{HEAD}]" in down.stdout, down.stdout[-3000:]
     finally:
         on_node(HEAD, f"systemctl start {UNIT}.service")
-    try:  # a listener inside the service's container on the address that stands for the LAN
-        on_node(HEAD, "podman exec -d grandpa python3 -m http.server -b 127.0.0.2 9998")
-        time.sleep(2)
+    try:  # vLLM's API port answered beyond loopback (a listener in the service's container, on the address that
+        # stands for the LAN), and something else listening there
+        on_node(HEAD, "podman exec -d grandpa python3 -m http.server -b 127.0.0.2 8101")
+        on_node(HEAD, "systemd-run --unit=inference-nodes-test-stray python3 -m http.server -b 127.0.0.2 9998")
+        time.sleep(3)
         stray = _audit("-k", "beyond_loopback")
-        assert stray.returncode != 0 and "on 127.0.0.2:9998" in stray.stdout, stray.stdout[-3000:]
+        assert stray.returncode != 0, stray.stdout[-3000:]
+        assert "on 127.0.0.2:8101" in stray.stdout and "python3 on 127.0.0.2:9998" in stray.stdout, stray.stdout[-3000:]
+        api = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "tests/audit/test_inference_service.py",
+                              "--inventory", INVENTORY, "-k", "api_listens"], capture_output=True, text=True, timeout=300)
+        assert f"FAILED tests/audit/test_inference_service.py::test_api_listens_where_the_inventory_says_and_nowhere_else[{HEAD}]" in api.stdout, api.stdout[-3000:]
     finally:
-        on_node(HEAD, "podman exec grandpa pkill -f 'http.server -b 127.0.0.2 9998'")
+        on_node(HEAD, "podman exec grandpa pkill -f 'http.server -b 127.0.0.2 8101'")
+        on_node(HEAD, "systemctl stop inference-nodes-test-stray.service")
     try:
         on_node(HEAD, f"systemd-run --unit=inference-nodes-test-leak sh -c 'sleep 600' leak {key}")
         leak = _audit("-k", "process_listing")
