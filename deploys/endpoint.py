@@ -36,6 +36,8 @@ from deploys.ops import (atomic_put, fail_host, follow_up_done, follow_up_reads,
 from deploys.run.reads import expect, operation, read, service_reads
 from deploys.schema import NodeConfig
 from deploys.schema.endpoint import CLIENT_KEY_MIN_LENGTH, ENDPOINT_ROUTES
+from deploys.unit_text import unit_word
+from files import helper_path
 from facts.host import ManagedFiles
 
 UNIT = "inference-nodes-endpoint"
@@ -48,11 +50,12 @@ CERT = f"{DIR}/tls.crt"
 KEY = f"{DIR}/tls.key"
 ACCESS_LOG = f"/var/log/{UNIT}/access.log"
 LOGROTATE = f"/etc/logrotate.d/{UNIT}"
+RELOAD = f"/usr/local/lib/inference-nodes/{UNIT}-reload.sh"  # files/endpoint/reload.sh
 DISTRO_UNIT = "nginx.service"
 DISTRO_MASK = f"/etc/systemd/system/{DISTRO_UNIT}"
 RELOAD_STAMP = "endpoint-reload"
 RESTART_STAMP = "endpoint-unit"
-FILES = (CONF, CLIENTS_MAP, MONITOR_MAP, CERT, KEY, LOGROTATE)
+FILES = (CONF, CLIENTS_MAP, MONITOR_MAP, CERT, KEY, LOGROTATE, RELOAD)
 
 CLIENT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 CLIENT_KEY = re.compile(r"[A-Za-z0-9._~+/=-]{%d,512}" % CLIENT_KEY_MIN_LENGTH)
@@ -232,18 +235,17 @@ def render_unit(cfg: NodeConfig) -> str:
     """The endpoint's unit: nginx as the master (root: it binds the port and reads the keys) with workers as
     www-data, started after its config checks, reloaded gracefully, confined to what it writes."""
     nginx = f"/usr/sbin/nginx -e stderr -c {CONF}"  # -e: not the build's default error log (read-only here)
-    return f"""# inference-nodes: the authenticated TLS endpoint in front of {cfg.container_name}.service (deploys/endpoint.py)
+    return f"""# inference-nodes: the authenticated TLS endpoint in front of the vLLM API (deploys/endpoint.py)
 [Unit]
 Description=inference-nodes endpoint: TLS and client keys in front of the vLLM API on loopback
-After=network-online.target {cfg.container_name}.service
+After=network-online.target {unit_word(cfg.container_name + ".service")}
 Wants=network-online.target
 
 [Service]
 Type=exec
 ExecStartPre={nginx} -t -q
 ExecStart={nginx}
-ExecReload={nginx} -t -q
-ExecReload=/bin/kill -s HUP $MAINPID
+ExecReload=/bin/sh {RELOAD} $MAINPID {CONF}
 KillSignal=SIGQUIT
 TimeoutStopSec=30
 Restart=on-failure
@@ -339,6 +341,8 @@ def endpoint():
                                 (CONF, conf, "nginx configuration")):
         secret_file(name=f"Install the endpoint's {what} (0600, never printed)", src=StringIO(content), dest=dest,
                     batch=batch)
+    atomic_put(name="Install the endpoint's reload (returns once the new configuration serves)",
+               src=helper_path("endpoint/reload.sh"), dest=RELOAD, mode="0755", batch=batch)
     atomic_put(name="Rotate the endpoint's access log (logrotate)", src=StringIO(render_logrotate()), dest=LOGROTATE,
                batch=batch)
     unit = render_unit(cfg)

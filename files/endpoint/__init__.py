@@ -1,0 +1,1 @@
+"""Helpers the endpoint deploy sends to heads (deploys/endpoint.py)."""
