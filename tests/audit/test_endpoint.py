@@ -25,6 +25,16 @@ def endpoint_node(node, head_only):
     return node
 
 
+@pytest.fixture
+def serving_endpoint(endpoint_node, readiness):
+    """A head with an endpoint, once its service answers /health (as every serving check: conftest.py
+    `serving_node`): what goes through the endpoint to vLLM needs vLLM up; a service that is down fails at once."""
+    ok, why = readiness(endpoint_node)
+    if not ok:
+        pytest.fail(why, pytrace=False)
+    return endpoint_node
+
+
 def _clients(node) -> tuple[str, str | None]:
     """A client's key and the monitoring client's (None without one)."""
     clients = read_clients(node.cfg.endpoint_clients_file)
@@ -51,7 +61,8 @@ def test_the_endpoint_unit_runs_where_the_inventory_has_one_and_nowhere_else(nod
         assert not service.is_running, f"{node.name}: {UNIT}.service runs, but endpoint_enabled is off"
 
 
-def test_the_endpoint_serves_a_client_key_over_verified_tls(endpoint_node):
+def test_the_endpoint_serves_a_client_key_over_verified_tls(serving_endpoint):
+    endpoint_node = serving_endpoint
     key, _ = _clients(endpoint_node)
     models = _get(endpoint_node, "/v1/models", key)
     assert models.status_code == 200, f"{endpoint_node.name}: /v1/models through the endpoint: {models.status_code}"
@@ -60,7 +71,8 @@ def test_the_endpoint_serves_a_client_key_over_verified_tls(endpoint_node):
     assert status == 200
 
 
-def test_the_endpoint_refuses_no_key_a_wrong_key_and_paths_off_its_list(endpoint_node):
+def test_the_endpoint_refuses_no_key_a_wrong_key_and_paths_off_its_list(serving_endpoint):
+    endpoint_node = serving_endpoint
     key, monitor = _clients(endpoint_node)
     status = _status(endpoint_node, "/v1/models")
     assert status == 401, "no key"
@@ -81,8 +93,9 @@ def test_the_endpoint_refuses_no_key_a_wrong_key_and_paths_off_its_list(endpoint
 
 
 @pytest.mark.serving
-def test_serving_gate_through_the_endpoint(endpoint_node):
+def test_serving_gate_through_the_endpoint(serving_endpoint):
     """The serving gate's dialogues from the control node through the endpoint, as a client sends them."""
+    endpoint_node = serving_endpoint
     key, monitor = _clients(endpoint_node)
     gate = os.path.join(os.path.dirname(__file__), "..", "..", "files", "serving_gate", "serving_gate.py")
     env = {**os.environ, "SERVING_GATE_API_KEY": key, **({"SERVING_GATE_METRICS_KEY": monitor} if monitor else {})}
