@@ -402,8 +402,8 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     audit = subprocess.run([*AUDIT, "--limit", node, "-k", "release"], capture_output=True, text=True, timeout=300)
     assert audit.returncode == 0 and "1 passed" in audit.stdout, audit.stdout[-3000:]
     # an inventory that asks for the broken commit: the audit names the release served and the one asked for
-    asking = inventory_copy(tmp_path, ("service_env=_A_ENV, **_manifest(_A))",
-                                       f'service_env=_A_ENV, model_revision="{BROKEN_COMMIT}", **_manifest("{BROKEN_COMMIT}"))'))
+    asking = inventory_copy(tmp_path, ("service_env=_A_ENV, **_manifest(_A),",
+                                       f'service_env=_A_ENV, model_revision="{BROKEN_COMMIT}", **_manifest("{BROKEN_COMMIT}"),'))
     differs = subprocess.run([*AUDIT, "--inventory", asking, "--limit", node, "-k", "release"], capture_output=True,
                              text=True, timeout=300)
     assert differs.returncode == 1 and "@7872f01b1d1f" in differs.stdout, differs.stdout[-3000:]

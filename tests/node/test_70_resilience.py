@@ -119,7 +119,8 @@ def test_add_a_node_drill(sandbox, tmp_path):
     inventory = inventory_copy(tmp_path)
     with open(inventory, "a") as f:
         f.write('\nrtx_pro_6000_pair = rtx_pro_6000_pair + [_node("sandbox-a2", 2204, api_port=8104, '
-                       'cluster_name="rtx-pro-6000-pair-2", service_env=_A_ENV, **_manifest(_A))]\n')
+                       'cluster_name="rtx-pro-6000-pair-2", service_env=_A_ENV, **_manifest(_A), '
+                       'endpoint_enabled=False)]\n')  # (an endpoint would need an address of its own)
     try:
         up = subprocess.run(["tests/sandbox/node.sh", "up", "sandbox-a2", "2204", "2"], capture_output=True, text=True)
         assert up.returncode == 0, up.stderr
