@@ -33,7 +33,7 @@ from pyinfra.facts.files import Link
 from deploys.inventory import node_config
 from deploys.ops import (atomic_put, fail_host, follow_up_done, follow_up_reads, follow_up_stamp,
                          packages_installed, secret_file, unit_running)
-from deploys.run.reads import expect, operation, read, service_reads
+from deploys.run.reads import expect, operation, read, service_reads, unit_state
 from deploys.schema import NodeConfig
 from deploys.schema.endpoint import CLIENT_KEY_MIN_LENGTH, ENDPOINT_ROUTES
 from deploys.unit_text import unit_word
@@ -295,8 +295,7 @@ def distro_nginx_masked():
     if link and link.get("link_target") == "/dev/null":
         host.noop(f"{DISTRO_UNIT} is masked")
         return
-    status_read, _ = service_reads(DISTRO_UNIT)
-    running = read(host, status_read[0], **status_read[1]).get(DISTRO_UNIT)
+    running, _ = unit_state(host, DISTRO_UNIT)
     if running:
         yield fail_host(f"{host.name}: {DISTRO_UNIT} runs on this head already; the endpoint runs nginx as its own unit "
                         f"({UNIT}.service). Stop and disable {DISTRO_UNIT} (or keep endpoint_enabled false)")
@@ -308,13 +307,13 @@ def distro_nginx_masked():
 def endpoint_removed():
     """An endpoint turned off (or on a node that is no longer a head) leaves nothing: its unit stopped and disabled,
     its files gone (the distribution's nginx package stays, masked)."""
-    status, enabled = (read(host, cls, **kwargs) for cls, kwargs in service_reads(f"{UNIT}.service"))
+    running, enabled = unit_state(host, f"{UNIT}.service")
     present = [p for p, info in read(host, ManagedFiles, paths=(*FILES, UNIT_PATH)).items() if info is not None]
-    if status.get(f"{UNIT}.service") or enabled.get(f"{UNIT}.service"):
+    if running or enabled:
         yield StringCommand("systemctl", "disable", "--now", f"{UNIT}.service")
     if present:
         yield StringCommand("rm", "-f", *present)
-    if not (present or status.get(f"{UNIT}.service") or enabled.get(f"{UNIT}.service")):
+    if not (present or running or enabled):
         host.noop("no endpoint on this node")
 
 

@@ -17,7 +17,7 @@ from pyinfra.facts.files import Directory, File, FileContents
 from facts.apt import AptHolds, KeyringFingerprints
 from files import helper_text
 from facts.host import ManagedFiles
-from deploys.run.reads import operation, read, run_on, service_reads
+from deploys.run.reads import operation, read, run_on, unit_state
 
 
 def flat_repo_source(header: str, uri: str, keyring: str) -> str:
@@ -319,12 +319,12 @@ def unit_running(unit: str, running: bool | None = True, enabled: bool = True):
     + running: start it where it is not running
     + enabled: enable it where it is not enabled
     """
-    status, enablement = (read(host, cls, **kwargs) for cls, kwargs in service_reads(unit))
-    if running and not status.get(unit):
+    is_running, is_enabled = unit_state(host, unit)
+    if running and not is_running:
         yield StringCommand("systemctl", "start", QuoteString(unit))
-    if enabled and not enablement.get(unit):
+    if enabled and not is_enabled:
         yield StringCommand("systemctl", "enable", QuoteString(unit))
-    if (not running or status.get(unit)) and (not enabled or enablement.get(unit)):
+    if (not running or is_running) and (not enabled or is_enabled):
         host.noop(f"{unit} is {'running and ' if running else ''}enabled")
 
 

@@ -74,9 +74,15 @@ def expect(reads: Iterable[FactRead]) -> None:
 
 
 def service_reads(unit: str) -> list[FactRead]:
-    """What :func:`deploys.ops.unit_running` and ``unit_enabled`` read for one system unit."""
+    """What :func:`unit_state` reads for one system unit (for ``expect``)."""
     same = {"machine": None, "services": [unit], "user_mode": False, "user_name": None}
     return [(SystemdStatus, same), (SystemdEnabled, dict(same))]
+
+
+def unit_state(host: Host, unit: str) -> tuple[bool, bool]:
+    """Whether the system unit ``unit`` is running, and whether it is enabled (the reads of :func:`service_reads`)."""
+    running, enabled = (read(host, cls, **kwargs).get(unit, False) for cls, kwargs in service_reads(unit))
+    return bool(running), bool(enabled)
 
 
 def stale(host: Host) -> None:
