@@ -26,6 +26,7 @@ test: venv sandbox-deps
 	$(BIN)/python -m pytest --durations=30
 
 unit: venv
+	$(NODE_SH) promtool >/dev/null
 	$(BIN)/python -m pytest tests/unit
 
 # Boot the sandbox nodes, converge them with the real entry point (it ends once every head passed the serving

@@ -1,7 +1,8 @@
 """Entry point: `pyinfra -y inventories/lab.py deploys/all.py`.
 
 Order: validate -> preflight -> package manager (lock wait, dpkg repair) -> NVIDIA driver -> container
-runtime -> host tuning -> model snapshot -> model integrity (deep verify timer) -> inference service -> endpoint (heads).
+runtime -> host tuning -> model snapshot -> model integrity (deep verify timer) -> inference service -> endpoint (heads)
+-> node metrics -> monitoring host (Prometheus and Alertmanager on the host of the group `monitoring`).
 """
 
 from deploys.apt_state import package_manager_ready
@@ -11,6 +12,7 @@ from deploys.host_tuning import host_tuning
 from deploys.inference_service import inference_service
 from deploys.model.integrity import model_integrity
 from deploys.model.snapshot import model_snapshot
+from deploys.monitoring import monitoring_host, node_metrics
 from deploys.nvidia_driver import nvidia_driver
 from deploys.preflight import preflight
 from deploys.run.ssh_nodelay import install as ssh_without_delay
@@ -27,3 +29,5 @@ model_snapshot()
 model_integrity()
 inference_service()
 endpoint()
+node_metrics()
+monitoring_host()

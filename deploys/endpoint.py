@@ -31,7 +31,7 @@ from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.facts.files import Link
 
 from deploys.inventory import node_config
-from deploys.ops import (atomic_put, fail_host, follow_up_done, follow_up_reads, follow_up_stamp,
+from deploys.ops import (atomic_put, distro_unit_masked, follow_up_done, follow_up_reads, follow_up_stamp,
                          packages_installed, secret_file, unit_running)
 from deploys.run.reads import expect, operation, read, service_reads, unit_state
 from deploys.schema import NodeConfig
@@ -288,22 +288,6 @@ def endpoint_reads(cfg: NodeConfig) -> list:
 
 
 @operation()
-def distro_nginx_masked():
-    """The distribution's nginx.service masked (before nginx is installed: it never starts with Debian's default
-    site); a head where it runs already fails instead (a web server the lab uses)."""
-    link = read(host, Link, path=DISTRO_MASK)
-    if link and link.get("link_target") == "/dev/null":
-        host.noop(f"{DISTRO_UNIT} is masked")
-        return
-    running, _ = unit_state(host, DISTRO_UNIT)
-    if running:
-        yield fail_host(f"{host.name}: {DISTRO_UNIT} runs on this head already; the endpoint runs nginx as its own unit "
-                        f"({UNIT}.service). Stop and disable {DISTRO_UNIT} (or keep endpoint_enabled false)")
-        return
-    yield StringCommand("systemctl", "mask", QuoteString(DISTRO_UNIT))
-
-
-@operation()
 def endpoint_removed():
     """An endpoint turned off (or on a node that is no longer a head) leaves nothing: its unit stopped and disabled,
     its files gone (the distribution's nginx package stays, masked)."""
@@ -328,7 +312,8 @@ def endpoint():
         return
     clients = read_clients(cfg.endpoint_clients_file)
     clients_map, monitor_map = render_maps(cfg, clients)
-    distro_nginx_masked(name=f"Mask the distribution's {DISTRO_UNIT} (the endpoint runs its own unit)")
+    distro_unit_masked(name=f"Mask the distribution's {DISTRO_UNIT} (the endpoint runs its own unit)", unit=DISTRO_UNIT,
+                       ours=f"{UNIT}.service")
     packages_installed(name="Install nginx from the distribution", packages=["nginx"])
     conf = render_conf(cfg)
     with open(cfg.endpoint_tls_cert, encoding="utf-8") as f:

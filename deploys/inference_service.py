@@ -378,6 +378,12 @@ def gate_record_path(cfg: NodeConfig) -> str:
     return f"/var/lib/inference-nodes/{cfg.container_name}.gate-passed.json"
 
 
+def gate_last_path(cfg: NodeConfig) -> str:
+    """Where a head keeps the verdict of the last serving gate it ran, passed or failed, with its time and release
+    (what the node's metrics report: deploys/monitoring.py)."""
+    return f"/var/lib/inference-nodes/{cfg.container_name}.gate-last.json"
+
+
 def release_of(cfg: NodeConfig, unit_fingerprint: str) -> dict:
     """What the service runs, as the inventory asks for it: the image (by digest), the model commit and its
     manifest, the rendered unit and environment. ``release`` names the whole."""
@@ -551,10 +557,20 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
         return me.ok(f"mkdir -p {posixpath.dirname(record)} && printf %s {text} > {record}.tmp && "
                      f"mv -f {record}.tmp {record}")
 
+    def write_verdict(passed: bool, of: dict) -> None:
+        """The last gate's verdict (a failure to write it fails nothing: the metric goes stale, which alerts)."""
+        last = gate_last_path(cfg)
+        text = shlex.quote(json.dumps({"ok": passed, "at": int(time.time()), "release": of.get("release"),
+                                       "image": of.get("image"), "model_revision": of.get("model_revision")},
+                                      sort_keys=True) + "\n")
+        me.ok(f"mkdir -p {posixpath.dirname(last)} && printf %s {text} > {last}.tmp && mv -f {last}.tmp {last}")
+
     ok, why, now = _serves(host, cfg, head, model, me.run, progress, me.sudo)
     if ok and not head:
         progress(why)
         return True
+    if head and (ok or "serving gate" in why):
+        write_verdict(ok, release)
     if ok:
         passed = passed_record(release, now)
         if not (all(m.ok(save_good_command(m.cfg, passed)) for m in [*members, me]) and write_record(passed)):
@@ -585,6 +601,8 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
             return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, but worker "
                                      f"{member.host.name} does not run it: {why_back}")
     back, why_back, now_back = _serves(host, cfg, head, model, me.run, progress, me.sudo)
+    if back or "serving gate" in why_back:
+        write_verdict(back, good)
     if not back:
         return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, which failed too: "
                                  f"{why_back}")

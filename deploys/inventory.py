@@ -15,7 +15,7 @@ from pyinfra.api.inventory import Inventory, extract_name_data
 from pyinfra.context import ctx_state
 
 from deploys.run.state import kept
-from deploys.schema import Cluster, NodeConfig, cluster_of, clusters, validate_inventory
+from deploys.schema import MONITORING_GROUP, Cluster, NodeConfig, cluster_of, clusters, validate_inventory
 
 
 def inventory_configs(inventory: Inventory | None = None) -> dict[str, NodeConfig]:
@@ -68,7 +68,7 @@ def load_inventory(path: str, override_data: dict | None = None, group_data: tup
     inventory.listed_twice = {}
     if os.path.isfile(path):
         for group, value in runpy.run_path(path).items():
-            if group.startswith("_") or not isinstance(value, (list, tuple)):
+            if group.startswith("_") or group == MONITORING_GROUP or not isinstance(value, (list, tuple)):
                 continue  # what pyinfra takes for a group: a list, or a (hosts, data) tuple
             members = value[0] if isinstance(value, tuple) else value
             for name, n in Counter(name for name, _ in extract_name_data(members)).items():

@@ -12,7 +12,7 @@ import uuid
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.files import Directory, File, FileContents
+from pyinfra.facts.files import Directory, File, FileContents, Link
 
 from facts.apt import AptHolds, KeyringFingerprints
 from files import helper_text
@@ -375,3 +375,24 @@ def secret_file(src, dest: str, batch: tuple[str, ...] = (), private_dir: bool =
     yield from upload_private(io.BytesIO(data), tmp)  # into the 0600 file made above
     yield StringCommand("chown", "root:root", QuoteString(tmp), "&&", "chmod", "0600", QuoteString(tmp), "&&",
                         "mv", "-f", QuoteString(tmp), QuoteString(dest))
+
+
+@operation()
+def distro_unit_masked(unit: str, ours: str):
+    """A distribution package's own service masked before the package is installed (it never starts with the
+    package's defaults, e.g. listening on every address), since the toolkit runs the program as its own unit
+    ``ours``; a node where that service runs already fails instead (a lab's own service is not taken over).
+
+    + unit: the package's unit (``nginx.service``)
+    + ours: the toolkit's unit that runs the program instead
+    """
+    link = read(host, Link, path=f"/etc/systemd/system/{unit}")
+    if link and link.get("link_target") == "/dev/null":
+        host.noop(f"{unit} is masked")
+        return
+    running, _ = unit_state(host, unit)
+    if running:
+        yield fail_host(f"{host.name}: {unit} runs on this node already; the toolkit runs the program as its own unit "
+                        f"({ours}). Stop and disable {unit} (or turn the toolkit's component off)")
+        return
+    yield StringCommand("systemctl", "mask", QuoteString(unit))

@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from deploys import apt_state, container_runtime, endpoint, host_tuning, inference_service, nvidia_driver
+from deploys import apt_state, container_runtime, endpoint, host_tuning, inference_service, monitoring, nvidia_driver
 from deploys.model import integrity as model_integrity, snapshot as model_snapshot
 from deploys.inventory import LimitError, limited_hosts, load_inventory
 from deploys.schema import InventoryValidationError, NodeConfig, cluster_of, validate_inventory
@@ -73,7 +73,9 @@ def render_inventory(inventory_file: str, out_dir: str, limit: list[str] | tuple
         if name not in selected:
             continue
         cluster = cluster_of(configs, name)
-        for path, text in host_files(cfg, cluster.head, cluster.size, cluster.members, distro).items():
+        files = host_files(cfg, cluster.head, cluster.size, cluster.members, distro)
+        files.update(monitoring.rendered_files(name, configs, monitoring.monitoring_host_name(inventory)))
+        for path, text in files.items():
             dest = inside_out_dir(out_dir, name, path)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             with open(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # env files too

@@ -46,6 +46,27 @@ def _endpoint(address: str, port: int) -> dict:
             "endpoint_metrics_client": "prometheus"}
 
 
+def _monitoring(address: str, port: int) -> dict:
+    """Node metrics on, node-exporter on ``address`` (a loopback address standing for the node's LAN address) and
+    its own port (the nodes share this machine's network namespace); short timings so alerts fire in seconds."""
+    return {"monitoring_enabled": True, "node_exporter_address": address, "node_exporter_port": port,
+            "monitoring_facts_interval_s": 5}
+
+
+def _monitoring_host() -> dict:
+    """Prometheus and Alertmanager on loopback ports of their own, alerts after 10 s, posted to the node tests' local
+    webhook listener (tests/sandbox/webhook_listener.py) through a 0600 URL file made on first use under _DIR."""
+    path = f"{_DIR}/monitoring/webhook-url"
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("http://127.0.0.1:9199/alerts\n")
+        os.replace(path + ".tmp", path)
+    return {"prometheus_port": 9190, "alertmanager_port": 9193, "prometheus_scrape_interval_s": 2, "alert_for_s": 10,
+            "alertmanager_group_wait_s": 1, "alertmanager_webhook_url_file": path}
+
+
 _A, _B = "7872f01b1d1fe23eabc4c98b48bffcef5a386062", "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
 
 # Nodes share this machine's network namespace, so each serves its API (and, in a push fan-out, its model copy)
@@ -67,16 +88,19 @@ _CPU_VLLM_ARGS = ["--max-model-len", "2048", "--max-num-seqs", "2", "--enable-au
 _B_LONG_CONTEXT = 1536
 
 rtx_pro_6000_pair = [_node("sandbox-a", 2201, api_port=8101, model_peer_port=8731, service_env=_A_ENV, **_manifest(_A),
-                           **_endpoint("127.0.0.2", 8441))]
+                           **_endpoint("127.0.0.2", 8441), **_monitoring("127.0.0.2", 9201), **_monitoring_host())]
 
 gb10_dspark = [
     _node("sandbox-b0", 2202, node_rank=0, fabric_address="127.0.1.10", api_port=8102, model_peer_port=8732,
           vllm_args=_CPU_VLLM_ARGS, vllm_speculative_config=None, gate_long_context_tokens=_B_LONG_CONTEXT,
-          **_manifest(_B)),
+          **_manifest(_B), **_monitoring("127.0.1.10", 9202)),
     _node("sandbox-b1", 2203, node_rank=1, fabric_address="127.0.1.11", api_port=8103, model_peer_port=8733,
           vllm_args=_CPU_VLLM_ARGS, vllm_speculative_config=None, gate_long_context_tokens=_B_LONG_CONTEXT,
-          **_manifest(_B)),
+          **_manifest(_B), **_monitoring("127.0.1.11", 9203)),
 ]
+
+# The one host that runs Prometheus and Alertmanager for the inventory (deploys/monitoring.py).
+monitoring = ["sandbox-a"]
 
 # Each cluster is also a pyinfra group under its cluster_name: `--limit gb10-dspark` selects the cluster's members.
 from deploys.inventory import with_cluster_groups  # noqa: E402

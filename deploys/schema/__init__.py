@@ -43,6 +43,7 @@ from deploys.schema.container import (
 from deploys.schema.container_runtime import ContainerRuntimeKeys, Registry, RegistryMirror
 from deploys.schema.control_files import control_file_problems
 from deploys.schema.endpoint import EndpointKeys
+from deploys.schema.monitoring import MONITORING_GROUP, MonitoringKeys
 from deploys.schema.gate import GateKeys
 from deploys.schema.cross_host import (
     Cluster,
@@ -70,7 +71,7 @@ __all__ = [
     "README_START",
     "RESERVED_UNIT_NAMES", "RESERVED_UNIT_PREFIXES", "SECRET_FILE_KEYS", "SECRET_NAME", "SECRET_VLLM_FLAGS",
     "SYSTEM_DIRS", "AbsPath", "Cluster", "ClusterKeys", "ComponentKeys", "ContainerKeys", "ContainerRuntimeKeys",
-    "EndpointKeys", "EnvMap", "GateKeys", "HostTuningKeys", "ImageKeys", "InventoryValidationError", "KeyRuleError", "ModelKeys", "NodeConfig",
+    "EndpointKeys", "MONITORING_GROUP", "MonitoringKeys", "EnvMap", "GateKeys", "HostTuningKeys", "ImageKeys", "InventoryValidationError", "KeyRuleError", "ModelKeys", "NodeConfig",
     "NvidiaDriverKeys", "PackageManagerKeys", "Problem", "Registry", "RegistryMirror", "cluster_head", "cluster_of", "cluster_problems",
     "clusters", "control_file_problems", "derived_vllm_flag", "group_problems", "looks_secret",
     "machine_problems", "markdown_table", "parse_node", "readme_with_table", "schema_data", "shown_value",

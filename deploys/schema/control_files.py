@@ -26,6 +26,21 @@ def control_file_problems(host: str, cfg: NodeConfig) -> list[Problem]:
         problems += _private_file_problems(host, "model_hub_token_file", cfg.model_hub_token_file)
     if cfg.endpoint_enabled:
         problems += _endpoint_problems(host, cfg)
+    if cfg.alertmanager_webhook_url_file is not None:
+        problems += _webhook_problems(host, cfg.alertmanager_webhook_url_file)
+    return problems
+
+
+def _webhook_problems(host: str, path: str) -> list[Problem]:
+    """The Alertmanager webhook file: private, one http(s) URL (never shown: it may carry a token)."""
+    from deploys.monitoring import WebhookFileError, read_webhook_url
+
+    problems = _private_file_problems(host, "alertmanager_webhook_url_file", path)
+    if not problems:
+        try:
+            read_webhook_url(path)
+        except WebhookFileError as e:
+            problems.append(Problem(host, "alertmanager_webhook_url_file", path, str(e)))
     return problems
 
 

@@ -15,6 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from deploys.schema.monitoring import MONITORING_GROUP
 from deploys.schema.node import NodeConfig
 from deploys.schema.parse import parse_node
 from deploys.schema.problems import InventoryValidationError, Problem
@@ -200,6 +201,27 @@ def validate_hosts(hosts: dict[str, dict[str, Any]], deployed: set[str] | None =
     return configs
 
 
+def monitoring_problems(inventory, configs: dict[str, NodeConfig]) -> list[Problem]:
+    """The group `monitoring` names one host, which reaches every monitored node's exporter (an exporter on
+    loopback only is its own host's) and scrapes each monitored head's vLLM through its endpoint with a key."""
+    watchers = [h.name for h in inventory.get_group(MONITORING_GROUP, [])] if MONITORING_GROUP in inventory.groups else []
+    if len(watchers) > 1:
+        return [Problem(name, f"(group {MONITORING_GROUP})", name, f"one host in group {MONITORING_GROUP} (it lists "
+                        f"{', '.join(watchers)}): one Prometheus scrapes the inventory") for name in watchers]
+    problems = []
+    for name, cfg in configs.items():
+        if not cfg.monitoring_enabled or not watchers:
+            continue
+        if name != watchers[0] and cfg.node_exporter_address is None:
+            problems.append(Problem(name, "node_exporter_address", None, f"an address of {name} that the monitoring host "
+                                    f"{watchers[0]} reaches (unset, node-exporter listens on loopback only)"))
+        if cfg.is_head and cfg.endpoint_enabled and cfg.endpoint_metrics_client is None:
+            problems.append(Problem(name, "endpoint_metrics_client", None, f"a client of endpoint_clients_file whose key "
+                                    f"the monitoring host {watchers[0]} reads vLLM's /metrics with (monitoring_enabled "
+                                    "and the endpoint are on)"))
+    return problems
+
+
 def validate_inventory(inventory, limit_hosts=None) -> dict[str, NodeConfig]:
     """Validate every host of a pyinfra inventory (all of them, not only those --limit selects; see
     validate_hosts for the one exception, profile gaps outside the limit)."""
@@ -213,6 +235,7 @@ def validate_inventory(inventory, limit_hosts=None) -> dict[str, NodeConfig]:
                     if name in limited or cluster_name[name] in {cluster_name[x] for x in limited if x in cluster_name}}
     try:
         configs = validate_hosts(hosts, deployed)
+        problems += monitoring_problems(inventory, configs)
     except InventoryValidationError as e:
         problems += e.problems
     if problems:

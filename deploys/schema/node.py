@@ -17,6 +17,7 @@ from deploys.schema.cluster import ClusterKeys
 from deploys.schema.container import ContainerKeys
 from deploys.schema.container_runtime import ContainerRuntimeKeys
 from deploys.schema.endpoint import EndpointKeys
+from deploys.schema.monitoring import MonitoringKeys
 from deploys.schema.gate import GateKeys
 from deploys.schema.host_tuning import HostTuningKeys
 from deploys.schema.image import ImageKeys
@@ -30,7 +31,7 @@ NEEDLE_ANSWER_TOKENS = 16  # files/serving_gate/needle.py MAX_TOKENS (a script r
 
 
 class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKeys, NvidiaDriverKeys,
-                 ContainerRuntimeKeys, PackageManagerKeys, GateKeys, EndpointKeys):
+                 ContainerRuntimeKeys, PackageManagerKeys, GateKeys, EndpointKeys, MonitoringKeys):
     """Every key for one node, validated. Derived values are properties."""
 
     @model_validator(mode="after")
@@ -212,6 +213,7 @@ COMPONENT_KEYS: dict[str, type[ComponentKeys]] = {
     "package_manager": PackageManagerKeys,
     "serving_gate": GateKeys,
     "endpoint": EndpointKeys,
+    "monitoring": MonitoringKeys,
 }
 
 

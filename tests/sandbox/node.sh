@@ -4,6 +4,7 @@
 #
 #   node.sh deps                  install the host packages the harness needs (and keep Debian's
 #                                 docker-registry service off: the harness runs its own on 127.0.0.1)
+#   node.sh promtool              unpack (or reuse) promtool from the distribution's package; prints its path
 #   node.sh build                 build (or reuse) the cached rootfs tarball
 #   node.sh up NAME PORT [GPUS] [FABRIC_ADDR] [DRIVER]
 #                                 boot a fresh node from the tarball (idempotent while it runs); GPUS =
@@ -52,6 +53,19 @@ deps() {
   fi
   registry_package_off
   return $rc
+}
+
+# promtool (checks Prometheus configurations and alert rules; the unit tier's rules tests run it) taken out of the
+# distribution's package without installing it: the prometheus package would start a server on every address here.
+PROMTOOL=$SANDBOX_DIR/tools/promtool
+promtool() {
+  [ -x "$PROMTOOL" ] && { echo "$PROMTOOL"; return 0; }
+  local w; w=$(mktemp -d); mkdir -p "$(dirname "$PROMTOOL")"
+  ( cd "$w" && { apt-get download -qq promtool 2>/dev/null || apt-get download -qq prometheus 2>/dev/null \
+      || { apt-get update -qq && { apt-get download -qq promtool 2>/dev/null || apt-get download -qq prometheus; }; }; } ) >&2
+  for d in "$w"/*.deb; do dpkg-deb -x "$d" "$w/x"; done
+  install -m 0755 "$w/x/usr/bin/promtool" "$PROMTOOL.tmp" && mv -f "$PROMTOOL.tmp" "$PROMTOOL"
+  rm -rf "$w"; echo "$PROMTOOL"
 }
 
 # Debian's docker-registry package enables its own daemon (systemd unit and init script) on :5000, every
@@ -470,7 +484,8 @@ down() {
 down_all() { local d; for d in "$SANDBOX_DIR"/run/*/; do [ -d "$d" ] && down "$(basename "$d")"; done; stop_standins; }
 
 case ${1:-} in
-  deps) deps ;;
+  deps) deps; promtool >/dev/null ;;
+  promtool) promtool ;;
   build) deps; build ;;
   up) [ $# -ge 3 ] || { echo "usage: $0 up NAME PORT [GPUS] [FABRIC_ADDR] [DRIVER]" >&2; exit 2; }
       up "$2" "$3" "${4:-1}" "${5:--}" "${6:--}" ;;

@@ -1,0 +1,94 @@
+"""Monitoring keys: node-exporter and the toolkit's own metrics on every node that turns them on, and Prometheus
+with Alertmanager on the one host of the inventory group `monitoring` (deploys/monitoring.py). Which host that is
+and whether every monitored node can be reached from it: deploys/schema/cross_host.py (monitoring_problems)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pydantic import model_validator
+
+from deploys.schema.base import ComponentKeys, ControlSecret, _key
+from deploys.schema.problems import KeyRuleError
+
+MONITORING_GROUP = "monitoring"  # the inventory group naming the one host that runs Prometheus and Alertmanager
+
+
+class MonitoringKeys(ComponentKeys):
+    """Node metrics (every node with `monitoring_enabled`), Prometheus and Alertmanager (the `monitoring` host)."""
+
+    monitoring_enabled: bool = _key(
+        False, description="run node-exporter (distribution package) with the toolkit's own metrics (driver, deep "
+        "verify, serving gate, GPUs, model disk) on this node, scraped by the host of the inventory group `monitoring`",
+    )
+    node_exporter_address: str | None = _key(
+        None, description="address node-exporter listens on besides loopback: the one the monitoring host reaches "
+        "(one of this node's own addresses, never a wildcard); unset = loopback only (the node is its own monitoring "
+        "host)",
+    )
+    node_exporter_port: int = _key(9100, description="port node-exporter listens on", ge=1, le=65535)
+    monitoring_facts_interval_s: int = _key(
+        60, description="how often the toolkit's own metrics are read on the node (a systemd timer)", ge=5, le=3600,
+    )
+    prometheus_port: int = _key(9090, description="(monitoring host) port Prometheus listens on, on loopback only",
+                                ge=1, le=65535)
+    alertmanager_port: int = _key(9093, description="(monitoring host) port Alertmanager listens on, on loopback only",
+                                  ge=1, le=65535)
+    prometheus_scrape_interval_s: int = _key(
+        15, description="(monitoring host) scrape and rule evaluation interval", ge=1, le=300,
+    )
+    prometheus_retention_days: int = _key(30, description="(monitoring host) days of metrics kept", ge=1, le=3650)
+    alertmanager_webhook_url_file: ControlSecret | None = _key(
+        None, description="(monitoring host) control-node file (0600, outside the repo) holding the one URL Alertmanager "
+        "POSTs alerts to (its webhook format; a chat bridge or an incident tool); the URL may carry a token, so it is "
+        "never in the inventory or a log. Unset = alerts are shown by Prometheus and Alertmanager only",
+    )
+    alertmanager_group_wait_s: int = _key(
+        30, description="(monitoring host) how long Alertmanager gathers alerts before the first notification",
+        ge=0, le=3600,
+    )
+    alertmanager_repeat_interval_h: int = _key(
+        4, description="(monitoring host) how often a firing alert is sent again", ge=1, le=168,
+    )
+    alert_for_s: int = _key(
+        300, description="(monitoring host) how long a condition holds before its alert fires (service down, node "
+        "exporter down, KV cache high)", ge=0, le=86400,
+    )
+    alert_not_generating_for_s: int = _key(
+        600, description="(monitoring host) how long the engine may hold requests without producing a token before "
+        "InferenceNotGenerating fires", ge=0, le=86400,
+    )
+    alert_requests_waiting_for_s: int = _key(
+        600, description="(monitoring host) how long requests may wait in vLLM's queue without a break before "
+        "RequestsWaitingLong fires", ge=0, le=86400,
+    )
+    alert_kv_cache_usage_max: float = _key(
+        0.95, description="(monitoring host) KV cache usage (0-1) above which KvCacheHigh fires after `alert_for_s`",
+        gt=0, le=1,
+    )
+    alert_restarts_max: int = _key(
+        3, description="(monitoring host) service restarts within 15 minutes that fire InferenceServiceRestarting",
+        ge=1, le=1000,
+    )
+    alert_model_disk_free_min_gib: float = _key(
+        20, description="(monitoring host) free space on a node's model filesystem below which ModelDiskNearlyFull "
+        "fires (GiB)", ge=0,
+    )
+
+    @model_validator(mode="after")
+    def _monitoring_rules(self) -> MonitoringKeys:
+        if self.node_exporter_address is not None:
+            try:
+                address = ipaddress.ip_address(self.node_exporter_address)
+            except ValueError:
+                raise KeyRuleError("node_exporter_address", self.node_exporter_address, "an IP address") from None
+            if address.is_unspecified or address.is_multicast:
+                raise KeyRuleError("node_exporter_address", self.node_exporter_address,
+                                   "one address of this node (not a wildcard: the exporter listens where the inventory "
+                                   "says)")
+        ports = {"node_exporter_port": self.node_exporter_port, "prometheus_port": self.prometheus_port,
+                 "alertmanager_port": self.alertmanager_port}
+        if len(set(ports.values())) != len(ports):
+            raise KeyRuleError("alertmanager_port", self.alertmanager_port,
+                               f"ports apart from each other ({', '.join(f'{k} {v}' for k, v in ports.items())})")
+        return self

@@ -1,0 +1,239 @@
+"""Monitoring (deploys/monitoring.py): the alert rules behave as documented under `promtool test rules` (each alert
+fires on its condition after its `for:` window and stays quiet on a healthy node), the generated Prometheus
+configuration passes `promtool check config`, the dashboard and rules ask only for metrics that exist, and
+validation names what cannot be scraped before any connection."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import textwrap
+
+import pytest
+import yaml
+
+from deploys import monitoring
+from deploys.inventory import load_inventory
+from deploys.schema import InventoryValidationError, NodeConfig, validate_inventory
+from tests.unit.test_node_facts import nf
+from tests.unit.test_schema import node_a
+
+SANDBOX_DIR = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
+PROMTOOL = os.environ.get("PROMTOOL", f"{SANDBOX_DIR}/tools/promtool")  # tests/sandbox/node.sh promtool
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    if not os.access(PROMTOOL, os.X_OK):
+        pytest.fail(f"no promtool at {PROMTOOL}: run `tests/sandbox/node.sh promtool` (make test and make unit do)")
+    return PROMTOOL
+
+
+def _me(**keys) -> NodeConfig:
+    data = node_a(**{"alert_for_s": 60, "alert_not_generating_for_s": 120, "alert_requests_waiting_for_s": 120,
+                     "alert_kv_cache_usage_max": 0.9, "alert_restarts_max": 3, "alert_model_disk_free_min_gib": 10,
+                     **keys})
+    from deploys.schema import validate_hosts
+    return validate_hosts(data)["node-a"]
+
+
+def _summary(name: str, me: NodeConfig, labels: dict, value: str = "") -> str:
+    rule = next(r for r in monitoring.alert_rules(me) if r["alert"] == name)
+    text = rule["annotations"]["summary"]
+    return text.replace("{{ $labels.host }}", labels.get("host", "")).replace("{{ $value }}", value)
+
+
+N = {"host": "n1", "cluster": "c1"}
+L = 'host="n1",cluster="c1"'
+HEALTHY = [  # a serving head: every series the rules read, at good values (one sample a minute)
+    (f'up{{job="node",{L}}}', "1x20"),
+    (f'up{{job="vllm",{L}}}', "1x20"),
+    (f'inference_nodes_service_active{{job="node",{L}}}', "1x20"),
+    (f'inference_nodes_service_restarts_total{{job="node",{L}}}', "0x20"),
+    (f'vllm:num_requests_running{{job="vllm",{L}}}', "1x20"),
+    (f'vllm:num_requests_waiting{{job="vllm",{L}}}', "0x20"),
+    (f'vllm:generation_tokens_total{{job="vllm",{L}}}', "0+600x20"),
+    (f'vllm:kv_cache_usage_perc{{job="vllm",{L}}}', "0.3x20"),
+    (f'inference_nodes_serving_gate_ok{{job="node",{L}}}', "1x20"),
+    (f'inference_nodes_deep_verify_ok{{job="node",{L}}}', "1x20"),
+    (f'inference_nodes_deep_verify_timestamp_seconds{{job="node",{L}}}', "0x20"),
+    (f'inference_nodes_deep_verify_max_age_seconds{{job="node",{L}}}', "100000x20"),
+    (f'inference_nodes_driver_module_matches{{job="node",{L}}}', "1x20"),
+    (f'inference_nodes_model_free_bytes{{job="node",{L}}}', f"{500 * 2**30}x20"),
+]
+
+# alert -> (the series that break it, minutes after which it fires, minutes at which it does not yet, extra labels)
+BROKEN = {
+    "NodeExporterDown": ({f'up{{job="node",{L}}}': "1 1 0x18"}, 4, 2, {"job": "node"}),
+    "InferenceServiceDown": ({f'up{{job="vllm",{L}}}': "1 1 0x18"}, 4, 2, {"job": "vllm"}),
+    "InferenceServiceRestarting": ({f'inference_nodes_service_restarts_total{{job="node",{L}}}': "0 0 1 2 3x16"}, 5, 3,
+                                   {"job": "node"}),
+    "InferenceNotGenerating": ({f'vllm:generation_tokens_total{{job="vllm",{L}}}': "0+600x5 3000x15"}, 14, 9, {}),
+    "KvCacheHigh": ({f'vllm:kv_cache_usage_perc{{job="vllm",{L}}}': "0.3 0.3 0.97x18"}, 4, 2, {"job": "vllm"}),
+    "RequestsWaitingLong": ({f'vllm:num_requests_waiting{{job="vllm",{L}}}': "0 0 4x18"}, 5, 3, {"job": "vllm"}),
+    "ServingGateFailed": ({f'inference_nodes_serving_gate_ok{{job="node",{L}}}': "1 1 0x18"}, 2, 1, {"job": "node"}),
+    "DeepVerifyBad": ({f'inference_nodes_deep_verify_ok{{job="node",{L}}}': "1 1 0x18"}, 2, 1, {"job": "node"}),
+    "DeepVerifyOverdue": ({f'inference_nodes_deep_verify_max_age_seconds{{job="node",{L}}}': "100000 100000 60x18"}, 2, 1,
+                          {"job": "node"}),
+    "DriverModuleMismatch": ({f'inference_nodes_driver_module_matches{{job="node",{L}}}': "1 1 0x18"}, 4, 2, {"job": "node"}),
+    "ModelDiskNearlyFull": ({f'inference_nodes_model_free_bytes{{job="node",{L}}}': f"{500 * 2**30} {500 * 2**30} {2**30}x18"},
+                            4, 2, {"job": "node"}),
+}
+
+
+def _run_promtool_test(promtool, tmp_path, me: NodeConfig, series: list[tuple[str, str]], checks: list[dict]):
+    (tmp_path / "alerts.yml").write_text(monitoring.render_rules(me))
+    test = {"rule_files": ["alerts.yml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+                       "alert_rule_test": checks}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    return subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True)
+
+
+def test_every_alert_is_tested():
+    assert {r["alert"] for r in monitoring.alert_rules(_me())} == set(BROKEN) == set(monitoring.ALERT_KEYS)
+
+
+def test_rules_pass_promtool_check(promtool, tmp_path):
+    (tmp_path / "alerts.yml").write_text(monitoring.render_rules(_me()))
+    out = subprocess.run([promtool, "check", "rules", "alerts.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"SUCCESS: {len(BROKEN)} rules found" in out.stdout
+
+
+def test_a_healthy_head_fires_no_alert(promtool, tmp_path):
+    me = _me()
+    checks = [{"eval_time": f"{m}m", "alertname": name, "exp_alerts": []} for name in BROKEN for m in (5, 15)]
+    out = _run_promtool_test(promtool, tmp_path, me, HEALTHY, checks)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_each_alert_fires_on_its_condition_after_its_window(promtool, tmp_path, name):
+    me = _me()
+    broken, fires, not_yet, extra = BROKEN[name]
+    series = [(s, broken.get(s, v)) for s, v in HEALTHY]
+    labels = {**N, **extra, "severity": next(r for r in monitoring.alert_rules(me) if r["alert"] == name)["labels"]["severity"]}
+    value = "3" if name == "InferenceServiceRestarting" else ""
+    checks = [{"eval_time": f"{not_yet}m", "alertname": name, "exp_alerts": []},
+              {"eval_time": f"{fires}m", "alertname": name,
+               "exp_alerts": [{"exp_labels": labels, "exp_annotations": {"summary": _summary(name, me, labels, value)}}]}]
+    out = _run_promtool_test(promtool, tmp_path, me, series, checks)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_generated_prometheus_configuration_passes_promtool(promtool, tmp_path):
+    """The sandbox's own inventory (an endpoint head, a plain pair), its config checked with the credential and CA
+    files it names put in place, as the unit's ExecStartPre checks it on the node."""
+    inv = load_inventory("inventories/sandbox.py")
+    configs = validate_inventory(inv)
+    watcher = monitoring.monitoring_host_name(inv)
+    assert watcher == "sandbox-a"
+    text = monitoring.render_prometheus(configs, configs[watcher], watcher)
+    conf = yaml.safe_load(text)
+    jobs = {j["job_name"]: j for j in conf["scrape_configs"]}
+    assert [t["labels"]["host"] for t in jobs["node"]["static_configs"]] == ["sandbox-a", "sandbox-b0", "sandbox-b1"]
+    assert set(jobs) == {"node", "vllm-sandbox-a"}, "b0's vLLM comes through its node-exporter (no endpoint)"
+    for path in re.findall(r"(?:credentials_file|ca_file): (\S+)", text):
+        (tmp_path / os.path.basename(path)).write_text("x\n")
+        text = text.replace(path, str(tmp_path / os.path.basename(path)))
+    (tmp_path / "alerts.yml").write_text(monitoring.render_rules(configs[watcher]))
+    (tmp_path / "prometheus.yml").write_text(text.replace(monitoring.RULES, str(tmp_path / "alerts.yml")))
+    out = subprocess.run([promtool, "check", "config", "prometheus.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    facts = monitoring.render_facts_config("sandbox-b0", configs["sandbox-b0"], watcher)
+    assert '"vllm_metrics_url": "http://127.0.0.1:8102/metrics"' in facts
+    assert '"vllm_metrics_url": null' in monitoring.render_facts_config("sandbox-a", configs["sandbox-a"], watcher)
+
+
+def _exported_names() -> set[str]:
+    """The names node_facts.py exports (its families, with their prefix)."""
+    return {nf.PREFIX + name for name in nf.FAMILIES}
+
+
+NODE_EXPORTER_NAMES = {"up", "node_memory_MemAvailable_bytes"}
+
+
+def _queried(expr: str) -> set[str]:
+    names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*(?=\s*(?:\{|\[|\)|$| [<>=!]| or| unless| and|\s*\+))", expr))
+    return names - {"sum", "by", "rate", "increase", "max", "time", "histogram_quantile", "le", "host", "cluster", "or",
+                    "unless", "and"}
+
+
+def test_rules_and_dashboard_ask_only_for_metrics_that_exist():
+    """A renamed metric makes a rule that never fires (vLLM's gpu_cache_usage_perc): every name a rule or a panel
+    reads is one node_facts.py exports, one vLLM exports (VLLM_METRICS, checked against the real vLLM in the node
+    tier) or node-exporter's own."""
+    known = _exported_names() | set(monitoring.VLLM_METRICS) | NODE_EXPORTER_NAMES
+    exprs = [r["expr"] for r in monitoring.alert_rules(_me())]
+    exprs += [p["targets"][0]["expr"] for p in __import__("json").loads(monitoring.render_dashboard())["panels"]]
+    unknown = {name for e in exprs for name in _queried(e)} - known
+    assert not unknown, unknown
+    used = {name for e in exprs for name in _queried(e)}
+    assert {"vllm:kv_cache_usage_perc", "inference_nodes_deep_verify_ok", "up"} <= used
+
+
+def _inventory(tmp_path, body: str):
+    path = tmp_path / f"inv{len(list(tmp_path.glob('inv*.py')))}.py"
+    path.write_text(textwrap.dedent(body))
+    return load_inventory(str(path))
+
+
+def test_validation_names_a_monitoring_setup_that_cannot_scrape(tmp_path):
+    a = node_a()["node-a"]
+    two = _inventory(tmp_path, f"""
+        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "monitoring_enabled": True}})]
+        monitoring = ["n1", "n2"]
+    """)
+    with pytest.raises(InventoryValidationError) as err:
+        validate_inventory(two)
+    text = str(err.value)
+    assert "one host in group monitoring" in text and "n1" in text and "n2" in text
+    loopback = _inventory(tmp_path, f"""
+        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "monitoring_enabled": True}})]
+        monitoring = ["n1"]
+    """)
+    with pytest.raises(InventoryValidationError) as err:
+        validate_inventory(loopback)
+    assert "host n2: key 'node_exporter_address' = None: expected an address of n2 that the monitoring host n1" in str(err.value)
+    fine = _inventory(tmp_path, f"""
+        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "monitoring_enabled": True,
+                                       "node_exporter_address": "192.0.2.30"}})]
+        monitoring = ["n1"]
+    """)
+    assert set(validate_inventory(fine)) == {"n1", "n2"}
+
+
+@pytest.mark.parametrize("keys,key", [
+    ({"node_exporter_address": "0.0.0.0"}, "node_exporter_address"),
+    ({"node_exporter_address": "lan"}, "node_exporter_address"),
+    ({"node_exporter_port": 9090}, "alertmanager_port"),
+])
+def test_exporter_keys_refuse_a_wildcard_or_a_clash(keys, key):
+    from deploys.schema import validate_hosts
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(monitoring_enabled=True, **keys))
+    assert key in {p.key for p in err.value.problems}
+
+
+def test_the_webhook_url_is_a_private_file_and_never_shown(tmp_path):
+    from deploys.schema import validate_hosts
+    secret = "https://hooks.example/T0KEN-never-shown"
+    url = tmp_path / "url"
+    url.write_text(secret + "\n")
+    os.chmod(url, 0o644)
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(alertmanager_webhook_url_file=str(url)))
+    assert "mode 0600" in str(err.value) and secret not in str(err.value)
+    os.chmod(url, 0o600)
+    url.write_text(secret + "\nsecond\n")
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(alertmanager_webhook_url_file=str(url)))
+    assert "one URL" in str(err.value) and secret not in str(err.value)
+    url.write_text(secret + "\n")
+    cfg = validate_hosts(node_a(alertmanager_webhook_url_file=str(url)))["node-a"]
+    conf = yaml.safe_load(monitoring.render_alertmanager(cfg, monitoring.read_webhook_url(str(url))))
+    assert conf["receivers"][1]["webhook_configs"] == [{"url": secret, "send_resolved": True}]
+    assert conf["route"]["receiver"] == "webhook"
+    assert yaml.safe_load(monitoring.render_alertmanager(cfg, None))["route"]["receiver"] == "none"
