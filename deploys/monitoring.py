@@ -401,7 +401,7 @@ def render_prometheus_unit(me: NodeConfig, keys: list[str]) -> str:
     argv = ["/usr/bin/prometheus", f"--config.file={PROMETHEUS_CONF}", f"--storage.tsdb.path=/var/lib/{PROMETHEUS}",
             f"--storage.tsdb.retention.time={me.prometheus_retention_days}d",
             f"--web.listen-address=127.0.0.1:{me.prometheus_port}"]
-    check = command_line(["/usr/bin/promtool", "check", "config", "--quiet", PROMETHEUS_CONF])
+    check = command_line(["/usr/bin/promtool", "check", "config", PROMETHEUS_CONF])
     loads = "".join(f"LoadCredential={unit_word(f'scrape-{h}.key:{scrape_key_path(h)}')}\n" for h in keys)
     return f"""# inference-nodes: Prometheus for the inventory's nodes (deploys/monitoring.py)
 [Unit]

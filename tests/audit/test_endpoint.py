@@ -14,6 +14,7 @@ import sys
 import pytest
 import requests
 
+from deploys.monitoring import EXPORTER
 from deploys.endpoint import ACCESS_LOG, UNIT, endpoint_url, read_clients
 from deploys.inference_service import served_model_name
 
@@ -125,16 +126,20 @@ def _listeners(node) -> list[tuple[str, int, str, str]]:
     return found
 
 
-def test_nothing_on_the_node_listens_beyond_loopback_but_ssh_the_endpoint_and_the_engine(node):
+def test_nothing_on_the_node_listens_beyond_loopback_but_ssh_the_endpoint_the_exporter_and_the_engine(node):
     """Beyond loopback (and the endpoint's own address, which stands for the LAN even where it is a loopback one):
-    sshd, the endpoint on its address and port, and the engine's ranks reaching each other (torch's rendezvous
-    store binds every address and has no option not to; vLLM's API itself must be on loopback: api_port is never
-    one of those)."""
+    sshd, the endpoint on its address and port, node-exporter on `node_exporter_address` and its port, and the
+    engine's ranks reaching each other (torch's rendezvous store binds every address and has no option not to;
+    vLLM's API itself must be on loopback: api_port is never one of those)."""
     endpoint = (node.cfg.endpoint_address, node.cfg.endpoint_port) if node.cfg.endpoint_enabled else None
+    exporter = ((node.cfg.node_exporter_address, node.cfg.node_exporter_port)
+                if node.cfg.monitoring_enabled and node.cfg.node_exporter_address else None)
     service = f"/{node.cfg.container_name}.service/"
     wrong = []
     for address, port, process, cgroup in _listeners(node):
         if endpoint and (address, port) == endpoint and process == "nginx" and f"/{UNIT}.service" in cgroup:
+            continue
+        if exporter and (address, port) == exporter and f"/{EXPORTER}.service" in cgroup:
             continue
         if process == "sshd" or (process == "systemd" and port == 22):  # (Ubuntu 24.04: ssh.socket's listener)
             continue

@@ -21,6 +21,7 @@ from datetime import datetime
 from deploys import serving_gate
 from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, inventory_copy, on_node, pyinfra
 from tests.sandbox.standin_hub import BROKEN_COMMIT
+from tests.sandbox.webhook_listener import WebhookListener
 
 PORTS = {"sandbox-a": 8101, "sandbox-b0": 8102}
 UNITS = {"sandbox-a": "grandpa.service", "sandbox-b0": "inference.service", "sandbox-b1": "inference.service"}
@@ -315,7 +316,16 @@ def deep_verify_record(node: str) -> dict:
 
 
 def test_a_silent_flip_is_found_by_the_deep_verify_which_stops_the_service_until_a_converge_repairs(sandbox):
+    """... and the deep-verify alert fires at the monitoring host's webhook, and resolves once repaired."""
     node = "sandbox-a"
+    with WebhookListener() as hook:
+        t0 = time.time()
+        _silent_flip_found_and_repaired(node)
+        hook.wait_for("DeepVerifyBad", node, "firing", timeout=90, since=t0)  # sent at once: kept by the listener
+        hook.wait_for("DeepVerifyBad", node, "resolved", timeout=90, since=t0)
+
+
+def _silent_flip_found_and_repaired(node: str) -> None:
     silent_flip(node, "model-00002-of-00004.safetensors")
     assert on_node(node, f"systemctl start {DEEP_VERIFY}").returncode != 0  # what the timer runs, triggered now
     journal = on_node(node, f"journalctl -u {DEEP_VERIFY} --no-pager -n 40").stdout

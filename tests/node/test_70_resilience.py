@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+import requests
+
 from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, inventory_copy, on_node, pyinfra, wait_serving
 
 # in the order a converge writes them (driver, container runtime, host tuning, model snapshot)
@@ -115,19 +117,27 @@ def test_unreachable_node_fails_alone_and_the_others_finish(sandbox, tmp_path):
 
 def test_add_a_node_drill(sandbox, tmp_path):
     """One more inventory entry, then preflight and deploy with --limit for it alone: the others see zero
-    changes and the audit is green for all (the new node is a one-node cluster of deployment A's profile)."""
+    changes but the monitoring host's scrape configuration, which the next full run brings the new node's target
+    into (no hand edit), and the audit is green for all (the new node is a one-node cluster of deployment A's
+    profile). Afterwards the monitoring host is converged back to the sandbox's own inventory."""
     inventory = inventory_copy(tmp_path)
     with open(inventory, "a") as f:
         f.write('\nrtx_pro_6000_pair = rtx_pro_6000_pair + [_node("sandbox-a2", 2204, api_port=8104, '
                        'cluster_name="rtx-pro-6000-pair-2", service_env=_A_ENV, **_manifest(_A), '
-                       'endpoint_enabled=False)]\n')  # (an endpoint would need an address of its own)
+                       'endpoint_enabled=False, **_monitoring("127.0.0.4", 9204))]\n')  # (an endpoint would need an address of its own)
     try:
         up = subprocess.run(["tests/sandbox/node.sh", "up", "sandbox-a2", "2204", "2"], capture_output=True, text=True)
         assert up.returncode == 0, up.stderr
         pre = pyinfra(inventory, "deploys.preflight.preflight", "--limit", "sandbox-a2")
         assert "sandbox-a2  rtx-pro-6000-pair-2/0" in pre.stderr
         pyinfra(inventory, "deploys/all.py", "--limit", "sandbox-a2")
+        changed = changed_operations(pyinfra("--json", inventory, "deploys/all.py"))
+        assert changed == [("Monitoring host | Install Prometheus's scrape configuration (from the inventory)", ["sandbox-a"]),
+                           ("Monitoring host | Reload Prometheus after a change of targets or rules (promtool checks them first)",
+                            ["sandbox-a"])], changed
         assert changed_operations(pyinfra("--json", inventory, "deploys/all.py")) == []
+        targets = requests.get("http://127.0.0.1:9190/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+        assert {"host": "sandbox-a2", "job": "node"} in [{k: t["labels"].get(k) for k in ("host", "job")} for t in targets]
         wait_serving(["sandbox-a2"], inventory=inventory)  # its real vLLM loads before it listens
         audit = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/audit", "--inventory", inventory],
                                capture_output=True, text=True, timeout=300)
@@ -135,6 +145,7 @@ def test_add_a_node_drill(sandbox, tmp_path):
         assert "failed" not in audit.stdout
     finally:
         subprocess.run(["tests/sandbox/node.sh", "down", "sandbox-a2"], capture_output=True)
+        pyinfra(INVENTORY, "deploys/all.py", "--limit", "sandbox-a", check=False)  # its target out of Prometheus again
 
 
 def test_bad_value_is_reported_even_when_every_node_is_unreachable(sandbox, tmp_path):

@@ -1,0 +1,115 @@
+"""Monitoring on the sandbox (real node-exporter, Prometheus and Alertmanager from Debian; real vLLM): after the
+converge, Prometheus on the monitoring host (sandbox-a) scrapes every node's exporter and every head's vLLM (sandbox-a's
+through its authenticated endpoint, sandbox-b0's through its node-exporter), each toolkit metric holds the expected
+value on every node, the vLLM metric names the rules read exist in the real vLLM, nothing listens beyond where the
+inventory says, and stopping a head's service fires the service-down alert at the webhook, which resolves once it
+serves again. (The deep-verify alert: test_60's silent flip; a node added to the inventory: test_70's drill.)"""
+
+from __future__ import annotations
+
+import time
+
+import requests
+
+from deploys import monitoring
+from deploys.inventory import inventory_configs, load_inventory
+from tests.node.conftest import INVENTORY, on_node, wait_serving
+from tests.sandbox.webhook_listener import WebhookListener
+
+WATCHER = "sandbox-a"
+
+
+def _configs():
+    return inventory_configs(load_inventory(INVENTORY))
+
+
+def prometheus() -> str:
+    return monitoring.prometheus_url(_configs()[WATCHER])  # on loopback: the nodes share this machine's network
+
+
+def query(expr: str) -> list[dict]:
+    r = requests.get(prometheus() + "/api/v1/query", params={"query": expr}, timeout=10)
+    r.raise_for_status()
+    return r.json()["data"]["result"]
+
+
+def by_host(expr: str) -> dict[str, float]:
+    return {s["metric"].get("host"): float(s["value"][1]) for s in query(expr)}
+
+
+def eventually(what, check, timeout: float = 90, interval: float = 2):
+    """``check()``'s answer once it is truthy; AssertionError with its last answer after ``timeout``."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except requests.RequestException as e:
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r})")
+
+
+def test_prometheus_scrapes_every_node_and_head_and_reads_the_toolkits_metrics(sandbox):
+    wait_serving(["sandbox-a", "sandbox-b0"])
+    configs = _configs()
+    nodes = {name for name, cfg in configs.items() if cfg.monitoring_enabled}
+    assert nodes == set(sandbox)
+    eventually("every exporter up", lambda: by_host('up{job="node"}') == {n: 1.0 for n in nodes})
+    eventually("sandbox-a's vLLM up through its endpoint", lambda: by_host('up{job="vllm"}') == {"sandbox-a": 1.0})
+    expected = {"inference_nodes_driver_module_matches": nodes, "inference_nodes_deep_verify_ok": nodes,
+                "inference_nodes_gpu_query_ok": nodes, "inference_nodes_service_active": nodes,
+                "inference_nodes_serving_gate_ok": {"sandbox-a", "sandbox-b0"}}
+    for metric, hosts in expected.items():
+        eventually(f"{metric} 1 on {sorted(hosts)}", lambda m=metric, h=hosts: by_host(m) == {n: 1.0 for n in h})
+    for head in ("sandbox-a", "sandbox-b0"):
+        info = query(f'inference_nodes_serving_gate_info{{host="{head}"}}')
+        assert [s["metric"]["model_revision"] for s in info] == [configs[head].model_revision], info
+    free = by_host("inference_nodes_model_free_bytes")
+    assert set(free) == nodes and all(v > 0 for v in free.values()), free
+    driver = query('inference_nodes_driver_info{host="sandbox-b1"}')
+    assert driver and driver[0]["metric"]["module"] == driver[0]["metric"]["userspace"] != "", driver
+    # the stand-in GPU reports [N/A] for utilization: absent, never 0
+    assert query("inference_nodes_gpu_utilization_ratio") == []
+    # every vLLM name the rules and the dashboard read, from the real vLLM of each head (a renamed metric would
+    # make an alert that never fires)
+    for name in monitoring.VLLM_METRICS:
+        eventually(f"{name} from both heads", lambda n=name: {s["metric"].get("host") for s in query(f'{{__name__="{n}"}}')}
+                   >= {"sandbox-a", "sandbox-b0"})
+    a = query('vllm:num_requests_running{host="sandbox-a"}')[0]["metric"]
+    assert (a["image"], a["model_commit"]) == (configs["sandbox-a"].image_ref, configs["sandbox-a"].model_revision)
+    rules = requests.get(prometheus() + "/api/v1/rules", timeout=10).json()["data"]["groups"]
+    assert {r["name"] for g in rules for r in g["rules"]} == set(monitoring.ALERT_KEYS)
+    assert query('ALERTS{alertstate="firing"}') == [], "a converged, serving sandbox fires no alert"
+
+
+def test_monitoring_listens_on_loopback_and_the_exporter_address_only(sandbox):
+    configs = _configs()
+    me = configs[WATCHER]
+    out = on_node(WATCHER, "ss -Hltnp").stdout
+    mine = [line.split()[3] for line in out.splitlines() if "prometheus" in line or "alertmanager" in line]
+    assert f"127.0.0.1:{me.prometheus_port}" in mine and f"127.0.0.1:{me.alertmanager_port}" in mine, mine
+    assert all(a.startswith("127.0.0.1:") or a.startswith(configs[n].node_exporter_address + ":")
+               for n in configs for a in mine if f":{configs[n].node_exporter_port}" in a), mine
+    assert not [a for a in mine if a.endswith(":9094") or a.startswith(("*:", "0.0.0.0:", "[::]:"))], mine
+    for name, cfg in configs.items():
+        listen = on_node(name, f"ss -Hltnp 'sport = :{cfg.node_exporter_port}'").stdout
+        addresses = sorted(line.split()[3] for line in listen.splitlines() if "users:" in line)
+        assert addresses == sorted([f"127.0.0.1:{cfg.node_exporter_port}",
+                                    f"{cfg.node_exporter_address}:{cfg.node_exporter_port}"]), (name, listen)
+
+
+def test_a_stopped_service_fires_the_service_down_alert_and_resolves_when_it_serves(sandbox):
+    head = "sandbox-a"
+    wait_serving([head])
+    with WebhookListener() as hook:
+        t0 = time.time()
+        assert on_node(head, "systemctl stop inference.service").returncode == 0
+        try:
+            fired = hook.wait_for("InferenceServiceDown", head, "firing", timeout=120, since=t0)
+            assert fired["labels"]["severity"] == "critical" and head in fired["annotations"]["summary"]
+        finally:
+            assert on_node(head, "systemctl start inference.service").returncode == 0
+        wait_serving([head])
+        hook.wait_for("InferenceServiceDown", head, "resolved", timeout=120, since=t0)
