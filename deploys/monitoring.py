@@ -398,6 +398,9 @@ def render_alertmanager(me: NodeConfig, webhook: str | None) -> str:
 
 
 def render_prometheus_unit(me: NodeConfig, keys: list[str]) -> str:
+    """Prometheus as `prometheus`, its scrape keys loaded by systemd (LoadCredential: root-only files on disk). The
+    configuration is checked by promtool before each start; a reload is checked by the converge's own promtool run
+    as root before it (an `ExecReload=` process cannot read the service's credentials: seen with systemd 257)."""
     argv = ["/usr/bin/prometheus", f"--config.file={PROMETHEUS_CONF}", f"--storage.tsdb.path=/var/lib/{PROMETHEUS}",
             f"--storage.tsdb.retention.time={me.prometheus_retention_days}d",
             f"--web.listen-address=127.0.0.1:{me.prometheus_port}"]
@@ -414,7 +417,6 @@ Type=exec
 User=prometheus
 {loads}ExecStartPre={check}
 ExecStart={command_line(argv)}
-ExecReload={check}
 ExecReload=/bin/kill -HUP $MAINPID
 StateDirectory={PROMETHEUS}
 Restart=on-failure
@@ -592,7 +594,8 @@ def monitoring_host():
     for unit in (ALERTMANAGER, PROMETHEUS):
         unit_running(name=f"Start and enable {unit}.service", unit=f"{unit}.service")
     follow_up_done(name="Reload Prometheus after a change of targets or rules (promtool checks them first)",
-                   stamp="prometheus-reload", command=f"systemctl reload {PROMETHEUS}.service",
+                   stamp="prometheus-reload",
+                   command=f"/usr/bin/promtool check config {PROMETHEUS_CONF} && systemctl reload {PROMETHEUS}.service",
                    paths=(PROMETHEUS_CONF, RULES), contents=(conf, rules))
 
 
