@@ -102,14 +102,15 @@ def test_monitoring_listens_on_loopback_and_the_exporter_address_only(sandbox):
 
 def test_a_stopped_service_fires_the_service_down_alert_and_resolves_when_it_serves(sandbox):
     head = "sandbox-a"
+    service = f"{_configs()[head].container_name}.service"
     wait_serving([head])
     with WebhookListener() as hook:
         t0 = time.time()
-        assert on_node(head, "systemctl stop inference.service").returncode == 0
+        assert on_node(head, f"systemctl stop {service}").returncode == 0
         try:
             fired = hook.wait_for("InferenceServiceDown", head, "firing", timeout=120, since=t0)
             assert fired["labels"]["severity"] == "critical" and head in fired["annotations"]["summary"]
         finally:
-            assert on_node(head, "systemctl start inference.service").returncode == 0
+            assert on_node(head, f"systemctl start {service}").returncode == 0
         wait_serving([head])
         hook.wait_for("InferenceServiceDown", head, "resolved", timeout=120, since=t0)
