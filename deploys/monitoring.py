@@ -30,7 +30,7 @@ from io import StringIO
 import yaml
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy
-from pyinfra.facts.files import Link
+from pyinfra.facts.files import Directory, Link
 
 from deploys.inference_service import gate_last_path
 from deploys.inventory import inventory_configs, node_config
@@ -214,7 +214,7 @@ def node_metrics_removed():
 def node_reads() -> list:
     distro = DISTRO_UNITS["prometheus-node-exporter"]
     return [(ManagedFiles, {"paths": NODE_FILES}), *service_reads(f"{EXPORTER}.service"), *service_reads(f"{FACTS}.timer"),
-            (Link, {"path": f"{UNIT_DIR}/{distro}"}), *service_reads(distro),
+            (Link, {"path": f"{UNIT_DIR}/{distro}"}), *service_reads(distro), (Directory, {"path": TEXTFILE_DIR}),
             *follow_up_reads("node-exporter-unit", "node-facts-units")]
 
 
