@@ -536,8 +536,8 @@ def monitoring_host_removed():
         host.noop("not the monitoring host")
 
 
-def host_reads() -> list:
-    return [(ManagedFiles, {"paths": HOST_FILES}), *service_reads(f"{PROMETHEUS}.service"),
+def host_reads(batch: tuple[str, ...] = HOST_FILES) -> list:
+    return [(ManagedFiles, {"paths": batch}), *service_reads(f"{PROMETHEUS}.service"),
             *service_reads(f"{ALERTMANAGER}.service"),
             *(r for u in ("prometheus.service", "prometheus-alertmanager.service")
               for r in ((Link, {"path": f"{UNIT_DIR}/{u}"}), *service_reads(u))),
@@ -548,20 +548,21 @@ def host_reads() -> list:
 def monitoring_host():
     """Prometheus and Alertmanager on the host of the group `monitoring`, scraping every monitored node."""
     me = node_config()
-    expect(host_reads())
     watcher = monitoring_host_name(host.inventory)
     if watcher != host.name:
+        expect(host_reads())
         monitoring_host_removed(name=f"No Prometheus here (not the host of the group {MONITORING_GROUP})")
         return
     configs = inventory_configs(host.inventory)
     keys = scrape_keys(configs, watcher)
+    batch = (*HOST_FILES, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in configs))
+    expect(host_reads(batch))
     webhook = read_webhook_url(me.alertmanager_webhook_url_file) if me.alertmanager_webhook_url_file else None
     for package in ("prometheus", "prometheus-alertmanager"):
         distro_unit_masked(name=f"Mask the distribution's {DISTRO_UNITS[package]} (the toolkit runs its own unit)",
                            unit=DISTRO_UNITS[package], ours=f"{PROMETHEUS if package == 'prometheus' else ALERTMANAGER}.service")
     packages_installed(name="Install Prometheus and Alertmanager from the distribution",
                        packages=["prometheus", "prometheus-alertmanager"])
-    batch = (*HOST_FILES, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in configs))
     for head, key in keys.items():
         secret_file(name=f"Install the key Prometheus reads {head}'s vLLM metrics with (0600, never printed)",
                     src=StringIO(key + "\n"), dest=scrape_key_path(head), batch=batch, private_dir=False)
