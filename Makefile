@@ -42,6 +42,10 @@ demo: venv sandbox-deps
 	@echo "Each head's authenticated TLS endpoint, as a client on the LAN calls it (its key in a 0600 header file):"
 	@$(BIN)/python -m tests.sandbox.nodes --endpoints $(SANDBOX_INVENTORY) | while read -r line; do echo "  $$line"; sh -c "$$line" >/dev/null || exit 1; done
 	@echo
+	@echo "Monitoring (Prometheus and Alertmanager on the monitoring host; the alerts active now):"
+	@$(BIN)/python -m tests.sandbox.nodes --monitoring $(SANDBOX_INVENTORY)
+	@echo "Alert notifications as the webhook receives them:  $(BIN)/python -m tests.sandbox.webhook_listener"
+	@echo
 	@echo "Sandbox nodes are running:"
 	@$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port gpus fabric driver; do echo "  $$name  ssh -F $${SANDBOX_DIR:-/var/tmp/inference-nodes-sandbox}/ssh/config $$name   (or: $(NODE_SH) ssh $$name)"; done
 	@echo "Converge again:  $(BIN)/pyinfra -y $(SANDBOX_INVENTORY) deploys/all.py"

@@ -81,7 +81,9 @@ def test_prometheus_scrapes_every_node_and_head_and_reads_the_toolkits_metrics(s
     assert (a["image"], a["model_commit"]) == (configs["sandbox-a"].image_ref, configs["sandbox-a"].model_revision)
     rules = requests.get(prometheus() + "/api/v1/rules", timeout=10).json()["data"]["groups"]
     assert {r["name"] for g in rules for r in g["rules"]} == set(monitoring.ALERT_KEYS)
-    assert query('ALERTS{alertstate="firing"}') == [], "a converged, serving sandbox fires no alert"
+    state = "NodeExporterDown|InferenceServiceDown|ServingGateFailed|DeepVerifyBad|DriverModuleMismatch"
+    firing = query(f'ALERTS{{alertstate="firing",alertname=~"{state}"}}')
+    assert firing == [], "a converged, serving sandbox fires none of the alerts its state decides"
 
 
 def test_monitoring_listens_on_loopback_and_the_exporter_address_only(sandbox):

@@ -62,9 +62,35 @@ def endpoint_lines(inventory_file: str = "inventories/sandbox.py") -> list[str]:
     return lines
 
 
+def monitoring_lines(inventory_file: str = "inventories/sandbox.py") -> list[str]:
+    """The monitoring host's Prometheus URL (on loopback: the sandbox's nodes share this machine's network) and the
+    alerts active now, read from Prometheus; fails when Prometheus does not answer."""
+    import json
+    import urllib.request
+
+    from deploys.monitoring import monitoring_host_name, prometheus_url
+
+    inventory = load_inventory(inventory_file)
+    watcher = monitoring_host_name(inventory)
+    if watcher is None:
+        return ["no monitoring host in this inventory (group `monitoring`)"]
+    url = prometheus_url(inventory_configs(inventory)[watcher])
+    with urllib.request.urlopen(url + "/api/v1/alerts", timeout=10) as r:
+        alerts = json.load(r)["data"]["alerts"]
+    with urllib.request.urlopen(url + "/api/v1/targets", timeout=10) as r:
+        targets = json.load(r)["data"]["activeTargets"]
+    up = sum(t["health"] == "up" for t in targets)
+    lines = [f"  Prometheus on {watcher}: {url}  ({up} of {len(targets)} targets up; alerts: {url}/alerts)"]
+    lines += [f"    {a['state']:8} {a['labels'].get('alertname')} on {a['labels'].get('host')}: "
+              f"{a.get('annotations', {}).get('summary', '')}" for a in alerts] or ["    no alert is active"]
+    return lines
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--manifests"]:
         generate_manifests(*sys.argv[2:])
+    elif sys.argv[1:2] == ["--monitoring"]:
+        print("\n".join(monitoring_lines(*sys.argv[2:])))
     elif sys.argv[1:2] == ["--endpoints"]:
         print("\n".join(endpoint_lines(*sys.argv[2:])))
     else:
