@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from io import StringIO
 
 import yaml
@@ -268,12 +269,21 @@ def credential(name: str) -> str:
     return f"/run/credentials/{PROMETHEUS}.service/{name}"
 
 
+def _file_word(head: str) -> str:
+    """A host name as one word of a file name and a credential id (`LoadCredential=ID:PATH` splits at `:`)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", head)
+
+
+def scrape_key_id(head: str) -> str:
+    return f"scrape-{_file_word(head)}.key"
+
+
 def scrape_key_path(head: str) -> str:
-    return f"{DIR}/scrape-{head}.key"
+    return f"{DIR}/{scrape_key_id(head)}"
 
 
 def ca_path(head: str) -> str:
-    return f"{DIR}/ca-{head}.crt"
+    return f"{DIR}/ca-{_file_word(head)}.crt"
 
 
 def target_labels(name: str, cfg: NodeConfig) -> dict:
@@ -298,7 +308,7 @@ def render_prometheus(configs: dict[str, NodeConfig], me: NodeConfig, watcher: s
         job = {"job_name": f"vllm-{name}", "scrape_interval": interval, "metrics_path": "/metrics",
                "relabel_configs": [{"target_label": "job", "replacement": "vllm"}]}
         if how == "endpoint":
-            job.update(scheme="https", authorization={"type": "Bearer", "credentials_file": credential(f"scrape-{name}.key")},
+            job.update(scheme="https", authorization={"type": "Bearer", "credentials_file": credential(scrape_key_id(name))},
                        static_configs=[{"targets": [f"{_host(cfg.endpoint_address)}:{cfg.endpoint_port}"], "labels": labels}])
             if cfg.endpoint_tls_ca:
                 job["tls_config"] = {"ca_file": ca_path(name)}
@@ -405,7 +415,7 @@ def render_prometheus_unit(me: NodeConfig, keys: list[str]) -> str:
             f"--storage.tsdb.retention.time={me.prometheus_retention_days}d",
             f"--web.listen-address=127.0.0.1:{me.prometheus_port}"]
     check = command_line(["/usr/bin/promtool", "check", "config", PROMETHEUS_CONF])
-    loads = "".join(f"LoadCredential={unit_word(f'scrape-{h}.key:{scrape_key_path(h)}')}\n" for h in keys)
+    loads = "".join(f"LoadCredential={unit_word(f'{scrape_key_id(h)}:{scrape_key_path(h)}')}\n" for h in keys)
     return f"""# inference-nodes: Prometheus for the inventory's nodes (deploys/monitoring.py)
 [Unit]
 Description=inference-nodes Prometheus: scrapes the inventory's nodes, evaluates the toolkit's alerts
