@@ -30,7 +30,7 @@ from io import StringIO
 
 import yaml
 from pyinfra import host
-from pyinfra.api import StringCommand, deploy
+from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.facts.files import Directory, Link
 
 from deploys.inference_service import gate_last_path
@@ -42,7 +42,7 @@ from deploys.run.reads import expect, operation, read, service_reads, unit_state
 from deploys.schema import NodeConfig
 from deploys.schema.monitoring import MONITORING_GROUP
 from deploys.unit_text import command_line, unit_word
-from facts.host import ManagedFiles
+from facts.host import FilesMatching, ManagedFiles
 from facts.nvidia import SMI_TIMEOUT_S
 from files import helper_path
 
@@ -541,17 +541,36 @@ def monitoring_host_removed():
     present = [p for p, info in read(host, ManagedFiles, paths=HOST_FILES).items() if info is not None]
     if present:
         changed = True
-        yield StringCommand("rm", "-f", *present, *(f"{DIR}/scrape-*.key"), f"{DIR}/ca-*.crt")
+        yield StringCommand("rm", "-f", *present)
+    secrets = read(host, FilesMatching, directory=DIR, patterns=SCRAPE_SECRETS)
+    if secrets:
+        changed = True
+        yield StringCommand("rm", "-f", *map(QuoteString, secrets))
     if not changed:
         host.noop("not the monitoring host")
 
 
 def host_reads(batch: tuple[str, ...] = HOST_FILES) -> list:
-    return [(ManagedFiles, {"paths": batch}), *service_reads(f"{PROMETHEUS}.service"),
+    return [(ManagedFiles, {"paths": batch}), (FilesMatching, {"directory": DIR, "patterns": SCRAPE_SECRETS}),
+            *service_reads(f"{PROMETHEUS}.service"),
             *service_reads(f"{ALERTMANAGER}.service"),
             *(r for u in ("prometheus.service", "prometheus-alertmanager.service")
               for r in ((Link, {"path": f"{UNIT_DIR}/{u}"}), *service_reads(u))),
             *follow_up_reads("prometheus-unit", "prometheus-reload", "alertmanager-unit")]
+
+
+SCRAPE_SECRETS = ("scrape-*.key", "ca-*.crt")  # the monitoring host's per-head files
+
+
+@operation()
+def stale_scrape_files_removed(keep: tuple[str, ...]):
+    """The scrape key and CA of a head no longer scraped through its endpoint go (a key left behind is a secret left
+    behind)."""
+    stale = [p for p in read(host, FilesMatching, directory=DIR, patterns=SCRAPE_SECRETS) if p not in keep]
+    if not stale:
+        host.noop("no scrape key or CA of a head that is not scraped")
+        return
+    yield StringCommand("rm", "-f", *map(QuoteString, stale))
 
 
 @deploy("Monitoring host")
@@ -565,7 +584,7 @@ def monitoring_host():
         return
     configs = inventory_configs(host.inventory)
     keys = scrape_keys(configs, watcher)
-    batch = (*HOST_FILES, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in configs))
+    batch = (*HOST_FILES, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
     expect(host_reads(batch))
     webhook = read_webhook_url(me.alertmanager_webhook_url_file) if me.alertmanager_webhook_url_file else None
     for package in ("prometheus", "prometheus-alertmanager"):
@@ -579,6 +598,9 @@ def monitoring_host():
         if configs[head].endpoint_tls_ca:
             atomic_put(name=f"Install the CA {head}'s endpoint is checked with", src=configs[head].endpoint_tls_ca,
                        dest=ca_path(head), batch=batch)
+    stale_scrape_files_removed(name="Remove the scrape keys and CAs of heads no longer scraped through an endpoint",
+                               keep=tuple(scrape_key_path(h) for h in keys) + tuple(
+                                   ca_path(h) for h in keys if configs[h].endpoint_tls_ca))
     secret_file(name="Install Alertmanager's configuration (0600: the webhook URL may carry a token)",
                 src=StringIO(render_alertmanager(me, webhook)), dest=ALERTMANAGER_CONF, batch=batch, private_dir=False)
     conf, rules = render_prometheus(configs, me, watcher), render_rules(me)

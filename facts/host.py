@@ -180,6 +180,20 @@ class ManagedFiles(FactBase[dict[str, ManagedFileDict | None]]):
         return files
 
 
+class FilesMatching(FactBase[list]):
+    """The files in ``directory`` whose names match any of the shell ``patterns`` (``scrape-*.key``), sorted; empty
+    where the directory does not exist. Names are the toolkit's own (no newline in them)."""
+
+    default = list
+
+    def command(self, directory: str, patterns: tuple[str, ...]) -> str:
+        globs = " ".join(f"{shlex.quote(directory)}/{p}" for p in patterns)  # the patterns themselves: the toolkit's
+        return f"for f in {globs}; do if [ -f \"$f\" ]; then printf '%s\\n' \"$f\"; fi; done; true"
+
+    def process(self, output: list[str]) -> list:
+        return sorted(line for line in output if line)
+
+
 class InterfaceAddresses(FactBase[list]):
     """Every address assigned to the node's interfaces with its prefix (`ip -o addr`), e.g.
     ``["127.0.0.1/8", "192.0.2.10/24", "fe80::1/64"]``; empty where iproute2 is missing."""

@@ -237,3 +237,22 @@ def test_the_webhook_url_is_a_private_file_and_never_shown(tmp_path):
     assert conf["receivers"][1]["webhook_configs"] == [{"url": secret, "send_resolved": True}]
     assert conf["route"]["receiver"] == "webhook"
     assert yaml.safe_load(monitoring.render_alertmanager(cfg, None))["route"]["receiver"] == "none"
+
+
+def test_files_matching_lists_the_per_head_files_and_nothing_where_the_directory_is_missing(tmp_path):
+    """What the monitoring host's clean-up of a head's scrape key and CA reads (facts/host.py FilesMatching)."""
+    from facts.host import FilesMatching
+
+    fact = FilesMatching()
+    for name in ("scrape-a.key", "scrape-b_c.key", "ca-a.crt", "prometheus.yml"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "scrape-dir.key").mkdir()
+
+    def run(directory):
+        out = subprocess.run(["sh", "-c", fact.command(str(directory), monitoring.SCRAPE_SECRETS)], capture_output=True,
+                             text=True)
+        assert out.returncode == 0, out.stderr
+        return fact.process(out.stdout.splitlines())
+
+    assert run(tmp_path) == sorted(str(tmp_path / n) for n in ("scrape-a.key", "scrape-b_c.key", "ca-a.crt"))
+    assert run(tmp_path / "missing") == []
