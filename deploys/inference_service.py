@@ -558,7 +558,8 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
                      f"mv -f {record}.tmp {record}")
 
     def write_verdict(passed: bool, of: dict) -> None:
-        """The last gate's verdict (a failure to write it fails nothing: the metric goes stale, which alerts)."""
+        """The last gate's verdict, for the node's metrics (a failure to write it fails nothing: the converge itself
+        reports the gate's verdict)."""
         last = gate_last_path(cfg)
         text = shlex.quote(json.dumps({"ok": passed, "at": int(time.time()), "release": of.get("release"),
                                        "image": of.get("image"), "model_revision": of.get("model_revision")},

@@ -27,6 +27,7 @@ import json
 import posixpath
 import re
 from io import StringIO
+from urllib.parse import urlsplit
 
 import yaml
 from pyinfra import host
@@ -40,7 +41,7 @@ from deploys.ops import (atomic_put, directory_present, distro_unit_masked, foll
                          follow_up_stamp, packages_installed, secret_file, unit_running)
 from deploys.run.reads import expect, operation, read, service_reads, unit_state
 from deploys.schema import NodeConfig
-from deploys.schema.monitoring import MONITORING_GROUP
+from deploys.schema.monitoring import MONITORING_GROUP, file_word
 from deploys.unit_text import command_line, unit_word
 from facts.host import FilesMatching, ManagedFiles
 from facts.nvidia import SMI_TIMEOUT_S
@@ -82,8 +83,15 @@ def read_webhook_url(path: str) -> str:
     if len(lines) != 1:
         raise WebhookFileError(f"one URL (it has {len(lines)} lines)")
     url = lines[0]
-    if not url.startswith(("http://", "https://")) or any(c.isspace() or ord(c) < 32 for c in url):
-        raise WebhookFileError("an http:// or https:// URL without spaces")
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url) or re.search(r"%(?![0-9A-Fa-f]{2})", url):
+        raise WebhookFileError("a URL without spaces, control characters or malformed %-escapes")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError:
+        raise WebhookFileError("a URL with a valid host and port") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WebhookFileError("an http:// or https:// URL with a host name")
     return url
 
 
@@ -123,6 +131,7 @@ def render_facts_config(name: str, cfg: NodeConfig, watcher: str | None) -> str:
         "model_dir": cfg.model_dir,
         "deep_verify_record": RECORD,
         "deep_verify_max_age_s": deep_verify_max_age_s(cfg),
+        "interval_s": cfg.monitoring_facts_interval_s,
         "gate_last": gate_last_path(cfg) if cfg.is_head else None,
         "service": f"{cfg.container_name}.service",
         "smi_timeout_s": SMI_TIMEOUT_S,
@@ -170,6 +179,9 @@ Description=inference-nodes: write the node's toolkit metrics (driver, deep veri
 [Service]
 Type=oneshot
 ExecStart={command_line(["/usr/bin/python3", FACTS_PROGRAM, "--config", FACTS_CONFIG])}
+# nvidia-smi in the kernel on a GPU that fell off the bus cannot be killed: the run is stopped, its metrics go
+# stale and NodeFactsStale fires, and the next run is not blocked behind it
+TimeoutStartSec=120
 Nice=10
 NoNewPrivileges=yes
 ProtectSystem=strict
@@ -230,7 +242,8 @@ def node_metrics():
     watcher = monitoring_host_name(host.inventory)
     distro_unit_masked(name="Mask the distribution's prometheus-node-exporter.service (the toolkit runs its own unit)",
                        unit=DISTRO_UNITS["prometheus-node-exporter"], ours=f"{EXPORTER}.service")
-    packages_installed(name="Install prometheus-node-exporter from the distribution", packages=["prometheus-node-exporter"])
+    packages_installed(name="Install prometheus-node-exporter from the distribution", packages=["prometheus-node-exporter"],
+                       recommends=False)
     directory_present(name="The textfile collector's directory", path=TEXTFILE_DIR)
     atomic_put(name="Install the node's metrics program", src=helper_path("monitoring/node_facts.py"), dest=FACTS_PROGRAM,
                mode="0755", batch=NODE_FILES)
@@ -269,13 +282,8 @@ def credential(name: str) -> str:
     return f"/run/credentials/{PROMETHEUS}.service/{name}"
 
 
-def _file_word(head: str) -> str:
-    """A host name as one word of a file name and a credential id (`LoadCredential=ID:PATH` splits at `:`)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", head)
-
-
 def scrape_key_id(head: str) -> str:
-    return f"scrape-{_file_word(head)}.key"
+    return f"scrape-{file_word(head)}.key"
 
 
 def scrape_key_path(head: str) -> str:
@@ -283,7 +291,7 @@ def scrape_key_path(head: str) -> str:
 
 
 def ca_path(head: str) -> str:
-    return f"{DIR}/ca-{_file_word(head)}.crt"
+    return f"{DIR}/ca-{file_word(head)}.crt"
 
 
 def target_labels(name: str, cfg: NodeConfig) -> dict:
@@ -346,7 +354,8 @@ def alert_rules(me: NodeConfig) -> list[dict]:
     rules = [
         ("NodeExporterDown", 'up{job="node"} == 0', me.alert_for_s, "critical",
          "node-exporter on {{ $labels.host }} does not answer: the node is down, unreachable, or its exporter stopped"),
-        ("InferenceServiceDown", 'up{job="vllm"} == 0 or inference_nodes_service_active == 0', me.alert_for_s,
+        ("InferenceServiceDown", 'up{job="vllm"} == 0 or inference_nodes_vllm_metrics_ok == 0 or '
+         'inference_nodes_service_active == 0', me.alert_for_s,
          "critical", "the inference service on {{ $labels.host }} is not running (or its vLLM does not answer /metrics)"),
         ("InferenceServiceRestarting", f"increase(inference_nodes_service_restarts_total[15m]) >= {restarts}", 0,
          "warning", "the inference service on {{ $labels.host }} restarted {{ $value }} times in 15 minutes"),
@@ -368,6 +377,10 @@ def alert_rules(me: NodeConfig) -> list[dict]:
          "the last deep verify on {{ $labels.host }} is older than its schedule allows"),
         ("DriverModuleMismatch", "inference_nodes_driver_module_matches == 0", me.alert_for_s, "critical",
          "the loaded NVIDIA kernel module on {{ $labels.host }} is not the installed userspace driver: reboot it"),
+        ("NodeFactsStale", "time() - inference_nodes_facts_timestamp_seconds > "
+         "3 * inference_nodes_facts_interval_seconds + 120", 0, "warning",
+         "the toolkit's metrics on {{ $labels.host }} are stale: its metrics timer stopped or hangs (e.g. nvidia-smi on a "
+         "GPU that fell off the bus)"),
         ("ModelDiskNearlyFull", f"inference_nodes_model_free_bytes < {int(disk * 2**30)}", me.alert_for_s, "warning",
          f"under {disk:g} GiB free on {{{{ $labels.host }}}}'s model filesystem: the next model commit will not fit"),
     ]
@@ -388,6 +401,7 @@ ALERT_KEYS = {  # which key tunes each alert (docs/monitoring.md)
     "ServingGateFailed": "(fires at once)", "DeepVerifyBad": "(fires at once)",
     "DeepVerifyOverdue": "model_deep_verify_every, model_deep_verify_window_h (per node)",
     "DriverModuleMismatch": "alert_for_s", "ModelDiskNearlyFull": "alert_model_disk_free_min_gib, alert_for_s",
+    "NodeFactsStale": "monitoring_facts_interval_s (per node)",
 }
 
 
@@ -554,7 +568,7 @@ def host_reads(batch: tuple[str, ...] = HOST_FILES) -> list:
     return [(ManagedFiles, {"paths": batch}), (FilesMatching, {"directory": DIR, "patterns": SCRAPE_SECRETS}),
             *service_reads(f"{PROMETHEUS}.service"),
             *service_reads(f"{ALERTMANAGER}.service"),
-            *(r for u in ("prometheus.service", "prometheus-alertmanager.service")
+            *(r for u in DISTRO_UNITS.values()
               for r in ((Link, {"path": f"{UNIT_DIR}/{u}"}), *service_reads(u))),
             *follow_up_reads("prometheus-unit", "prometheus-reload", "alertmanager-unit")]
 
@@ -587,20 +601,18 @@ def monitoring_host():
     batch = (*HOST_FILES, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
     expect(host_reads(batch))
     webhook = read_webhook_url(me.alertmanager_webhook_url_file) if me.alertmanager_webhook_url_file else None
-    for package in ("prometheus", "prometheus-alertmanager"):
+    ours = {"prometheus": PROMETHEUS, "prometheus-alertmanager": ALERTMANAGER, "prometheus-node-exporter": EXPORTER}
+    for package in ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter"):  # (an exporter a lab installs)
         distro_unit_masked(name=f"Mask the distribution's {DISTRO_UNITS[package]} (the toolkit runs its own unit)",
-                           unit=DISTRO_UNITS[package], ours=f"{PROMETHEUS if package == 'prometheus' else ALERTMANAGER}.service")
+                           unit=DISTRO_UNITS[package], ours=f"{ours[package]}.service")
     packages_installed(name="Install Prometheus and Alertmanager from the distribution",
-                       packages=["prometheus", "prometheus-alertmanager"])
+                       packages=["prometheus", "prometheus-alertmanager"], recommends=False)
     for head, key in keys.items():
         secret_file(name=f"Install the key Prometheus reads {head}'s vLLM metrics with (0600, never printed)",
                     src=StringIO(key + "\n"), dest=scrape_key_path(head), batch=batch, private_dir=False)
         if configs[head].endpoint_tls_ca:
             atomic_put(name=f"Install the CA {head}'s endpoint is checked with", src=configs[head].endpoint_tls_ca,
                        dest=ca_path(head), batch=batch)
-    stale_scrape_files_removed(name="Remove the scrape keys and CAs of heads no longer scraped through an endpoint",
-                               keep=tuple(scrape_key_path(h) for h in keys) + tuple(
-                                   ca_path(h) for h in keys if configs[h].endpoint_tls_ca))
     secret_file(name="Install Alertmanager's configuration (0600: the webhook URL may carry a token)",
                 src=StringIO(render_alertmanager(me, webhook)), dest=ALERTMANAGER_CONF, batch=batch, private_dir=False)
     conf, rules = render_prometheus(configs, me, watcher), render_rules(me)
@@ -620,6 +632,9 @@ def monitoring_host():
     follow_up_done(name="Apply Prometheus's unit and scrape keys (daemon-reload, restart)", stamp="prometheus-unit",
                    command=f"systemctl daemon-reload && systemctl restart {PROMETHEUS}.service",
                    paths=(path, *key_paths), contents=(text, *(keys[h] + "\n" for h in keys)))
+    stale_scrape_files_removed(name="Remove the scrape keys and CAs of heads no longer scraped through an endpoint",
+                               keep=tuple(scrape_key_path(h) for h in keys) + tuple(
+                                   ca_path(h) for h in keys if configs[h].endpoint_tls_ca))
     path, text = units[ALERTMANAGER]
     follow_up_done(name="Apply Alertmanager's unit and configuration (daemon-reload, restart)", stamp="alertmanager-unit",
                    command=f"systemctl daemon-reload && systemctl restart {ALERTMANAGER}.service",

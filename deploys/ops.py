@@ -127,7 +127,8 @@ def follow_up_done(stamp: str, command, paths: tuple[str, ...], contents: tuple[
         host.noop(f"done after the current {', '.join(paths)} ({path})")
         return
     yield command if isinstance(command, StringCommand) else StringCommand("sh", "-c", QuoteString(command))
-    record = (f"mkdir -p {FOLLOW_UP_DIR} && {files_fingerprint_command(paths)} > {path}.tmp && "
+    # 0600: a fingerprint of files that hold secrets (a key, a webhook URL) is not for other users to test guesses on
+    record = (f"umask 077 && mkdir -p {FOLLOW_UP_DIR} && {files_fingerprint_command(paths)} > {path}.tmp && "
               f"mv -f {path}.tmp {path}")
     yield StringCommand("sh", "-c", QuoteString(record))
 
@@ -259,11 +260,13 @@ def apt_held(packages: list[str]):
 
 
 @operation()
-def packages_installed(packages: list[str]):
+def packages_installed(packages: list[str], recommends: bool = True):
     """Install each of ``packages`` that dpkg does not list as installed (apt-get, non-interactive, keeping
     configuration files a lab changed; the apt/dpkg lock wait comes from deploys/apt_state.py's drop-in).
 
     + packages: package names
+    + recommends: install what they recommend too (apt's default); False where a recommended package would start
+      a service of its own (Debian's prometheus recommends a node-exporter that listens on every address)
     """
     installed = read(host, DebPackages)
     missing = [p for p in packages if p not in installed]
@@ -271,7 +274,8 @@ def packages_installed(packages: list[str]):
         host.noop(f"{', '.join(packages)} installed")
         return
     yield StringCommand("DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confdef",
-                        "-o", "Dpkg::Options::=--force-confold", *map(QuoteString, missing))
+                        "-o", "Dpkg::Options::=--force-confold", *([] if recommends else ["--no-install-recommends"]),
+                        *map(QuoteString, missing))
 
 
 @operation()

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from deploys.schema.monitoring import MONITORING_GROUP
+from deploys.schema.monitoring import MONITORING_GROUP, file_word
 from deploys.schema.node import NodeConfig
 from deploys.schema.parse import parse_node
 from deploys.schema.problems import InventoryValidationError, Problem
@@ -212,13 +212,22 @@ def monitoring_problems(inventory, configs: dict[str, NodeConfig]) -> list[Probl
     for name, cfg in configs.items():
         if not cfg.monitoring_enabled or not watchers:
             continue
-        if name != watchers[0] and cfg.node_exporter_address is None:
-            problems.append(Problem(name, "node_exporter_address", None, f"an address of {name} that the monitoring host "
-                                    f"{watchers[0]} reaches (unset, node-exporter listens on loopback only)"))
+        if name != watchers[0] and cfg.node_exporter_address in (None, "127.0.0.1", "::1"):
+            problems.append(Problem(name, "node_exporter_address", cfg.node_exporter_address, f"an address of {name} that "
+                                    f"the monitoring host {watchers[0]} reaches (unset or {cfg.node_exporter_address}, "
+                                    "Prometheus would scrape its own host's loopback)"))
         if cfg.is_head and cfg.endpoint_enabled and cfg.endpoint_metrics_client is None:
             problems.append(Problem(name, "endpoint_metrics_client", None, f"a client of endpoint_clients_file whose key "
                                     f"the monitoring host {watchers[0]} reads vLLM's /metrics with (monitoring_enabled "
                                     "and the endpoint are on)"))
+    scraped = [n for n, c in configs.items() if c.monitoring_enabled and c.is_head and c.endpoint_enabled]
+    words: dict[str, list[str]] = defaultdict(list)
+    for name in scraped:
+        words[file_word(name)].append(name)
+    for same in (names for names in words.values() if len(names) > 1):
+        problems += [Problem(n, "(inventory name)", n, f"a name apart from {', '.join(x for x in same if x != n)} once "
+                             "characters other than letters, digits, `.`, `_` and `-` are `_` (the monitoring host keeps "
+                             "each head's scrape key under that name)") for n in same]
     return problems
 
 

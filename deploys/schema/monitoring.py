@@ -5,6 +5,7 @@ and whether every monitored node can be reached from it: deploys/schema/cross_ho
 from __future__ import annotations
 
 import ipaddress
+import re
 
 from pydantic import model_validator
 
@@ -12,6 +13,12 @@ from deploys.schema.base import ComponentKeys, ControlSecret, _key
 from deploys.schema.problems import KeyRuleError
 
 MONITORING_GROUP = "monitoring"  # the inventory group naming the one host that runs Prometheus and Alertmanager
+
+
+def file_word(host: str) -> str:
+    """An inventory name as one word of a file name and a systemd credential id (`LoadCredential=ID:PATH` splits at
+    `:`): what the monitoring host keeps a head's scrape key under (validation refuses two names with one word)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", host)
 
 
 class MonitoringKeys(ComponentKeys):
@@ -28,14 +35,16 @@ class MonitoringKeys(ComponentKeys):
     )
     node_exporter_port: int = _key(9100, description="port node-exporter listens on", ge=1, le=65535)
     monitoring_facts_interval_s: int = _key(
-        60, description="how often the toolkit's own metrics are read on the node (a systemd timer)", ge=5, le=3600,
+        60, description="how often the toolkit's own metrics are read on the node (a systemd timer; at most 60 s: "
+        "a head's vLLM metrics may come with them, and the alerts' 5-minute rates need several samples)", ge=5, le=60,
     )
     prometheus_port: int = _key(9090, description="(monitoring host) port Prometheus listens on, on loopback only",
                                 ge=1, le=65535)
     alertmanager_port: int = _key(9093, description="(monitoring host) port Alertmanager listens on, on loopback only",
                                   ge=1, le=65535)
     prometheus_scrape_interval_s: int = _key(
-        15, description="(monitoring host) scrape and rule evaluation interval", ge=1, le=300,
+        15, description="(monitoring host) scrape and rule evaluation interval (at most 60 s: the alerts' 5-minute "
+        "rates need several samples)", ge=1, le=60,
     )
     prometheus_retention_days: int = _key(30, description="(monitoring host) days of metrics kept", ge=1, le=3650)
     alertmanager_webhook_url_file: ControlSecret | None = _key(

@@ -59,6 +59,7 @@ GPU_SERIES = (
 # name (without PREFIX) -> (type, help). The order here is the order in the file.
 FAMILIES = {
     "facts_timestamp_seconds": ("gauge", "Unix time at which node_facts.py wrote these metrics."),
+    "facts_interval_seconds": ("gauge", "How often the timer runs node_facts.py (the stale-metrics alert reads it)."),
     "driver_info": ("gauge", "NVIDIA driver: the branch the inventory pins, the userspace (nvidia-smi/NVML) "
                              "version and the loaded kernel module version; empty where unknown."),
     "driver_module_matches": ("gauge", "1 if the loaded kernel module's version equals the userspace driver "
@@ -280,6 +281,9 @@ def collect(config: dict, run: Run = subprocess.run, now: Callable[[], float] = 
             samples += source()
         except Exception as e:  # noqa: BLE001 - one bad source must not cost the others
             print(f"node_facts: {name}: {type(e).__name__}: {e}", file=sys.stderr)
+    interval = epoch(config.get("interval_s"))
+    if interval is not None:
+        samples.append(("facts_interval_seconds", {}, interval))
     max_age = epoch(config.get("deep_verify_max_age_s"))
     if max_age is not None:
         samples.append(("deep_verify_max_age_seconds", {}, max_age))
@@ -297,15 +301,20 @@ def vllm_families(text: str) -> str:
     return "\n".join(keep) + ("\n" if keep else "")
 
 
+VLLM_OK = PREFIX + "vllm_metrics_ok"
+
+
 def vllm_metrics(url: str, timeout: float = 5.0) -> str:
-    """vLLM's own metrics read on loopback (a head whose API no scraper reaches); nothing when it does not answer
-    (the service-down alert reads the unit's state)."""
+    """vLLM's own metrics read on loopback (a head whose API no scraper reaches), and whether it answered
+    (`inference_nodes_vllm_metrics_ok`: what a direct scrape's `up` says, for the service-down alert)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
-            return vllm_families(r.read().decode("utf-8", "replace"))
+            families, ok = vllm_families(r.read().decode("utf-8", "replace")), 1
     except Exception as e:  # noqa: BLE001 - a service that is down or starting has no metrics
         print(f"node_facts: vllm: {type(e).__name__}: {e}", file=sys.stderr)
-        return ""
+        families, ok = "", 0
+    return (f"# HELP {VLLM_OK} 1 if vLLM answered /metrics on loopback at the last run, else 0.\n"
+            f"# TYPE {VLLM_OK} gauge\n{VLLM_OK} {ok}\n" + families)
 
 
 def write_atomically(path: str, text: str) -> None:

@@ -61,6 +61,9 @@ HEALTHY = [  # a serving head: every series the rules read, at good values (one 
     (f'inference_nodes_deep_verify_max_age_seconds{{job="node",{L}}}', "100000x20"),
     (f'inference_nodes_driver_module_matches{{job="node",{L}}}', "1x20"),
     (f'inference_nodes_model_free_bytes{{job="node",{L}}}', f"{500 * 2**30}x20"),
+    (f'inference_nodes_vllm_metrics_ok{{job="node",{L}}}', "1x20"),
+    (f'inference_nodes_facts_timestamp_seconds{{job="node",{L}}}', "0+60x20"),
+    (f'inference_nodes_facts_interval_seconds{{job="node",{L}}}', "60x20"),
 ]
 
 # alert -> (the series that break it, minutes after which it fires, minutes at which it does not yet, extra labels)
@@ -77,6 +80,8 @@ BROKEN = {
     "DeepVerifyOverdue": ({f'inference_nodes_deep_verify_max_age_seconds{{job="node",{L}}}': "100000 100000 60x18"}, 2, 1,
                           {"job": "node"}),
     "DriverModuleMismatch": ({f'inference_nodes_driver_module_matches{{job="node",{L}}}': "1 1 0x18"}, 4, 2, {"job": "node"}),
+    "NodeFactsStale": ({f'inference_nodes_facts_timestamp_seconds{{job="node",{L}}}': "0+60x5 300x15"}, 11, 9,
+                       {"job": "node"}),
     "ModelDiskNearlyFull": ({f'inference_nodes_model_free_bytes{{job="node",{L}}}': f"{500 * 2**30} {500 * 2**30} {2**30}x18"},
                             4, 2, {"job": "node"}),
 }
@@ -106,6 +111,19 @@ def test_a_healthy_head_fires_no_alert(promtool, tmp_path):
     me = _me()
     checks = [{"eval_time": f"{m}m", "alertname": name, "exp_alerts": []} for name in BROKEN for m in (5, 15)]
     out = _run_promtool_test(promtool, tmp_path, me, HEALTHY, checks)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_head_whose_vllm_stops_answering_on_loopback_is_down(promtool, tmp_path):
+    """A head scraped through its node-exporter (no endpoint): vLLM not answering the facts program fires
+    InferenceServiceDown although the unit is active."""
+    me = _me()
+    series = [(s, "1 1 0x18" if "vllm_metrics_ok" in s else v) for s, v in HEALTHY if 'job="vllm"' not in s]
+    series += [(f'vllm:generation_tokens_total{{job="node",{L}}}', "0+600x20")]
+    labels = {**N, "job": "node", "severity": "critical"}
+    checks = [{"eval_time": "4m", "alertname": "InferenceServiceDown",
+               "exp_alerts": [{"exp_labels": labels, "exp_annotations": {"summary": _summary("InferenceServiceDown", me, labels)}}]}]
+    out = _run_promtool_test(promtool, tmp_path, me, series, checks)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -148,8 +166,8 @@ def test_the_generated_prometheus_configuration_passes_promtool(promtool, tmp_pa
 
 
 def _exported_names() -> set[str]:
-    """The names node_facts.py exports (its families, with their prefix)."""
-    return {nf.PREFIX + name for name in nf.FAMILIES}
+    """The names node_facts.py exports (its families, with their prefix, and the loopback vLLM read's verdict)."""
+    return {nf.PREFIX + name for name in nf.FAMILIES} | {nf.VLLM_OK}
 
 
 NODE_EXPORTER_NAMES = {"up", "node_memory_MemAvailable_bytes"}
@@ -231,6 +249,11 @@ def test_the_webhook_url_is_a_private_file_and_never_shown(tmp_path):
     with pytest.raises(InventoryValidationError) as err:
         validate_hosts(node_a(alertmanager_webhook_url_file=str(url)))
     assert "one URL" in str(err.value) and secret not in str(err.value)
+    for bad in ("https://?token=x", "https://h.example:99999/x", "https://h.ex%zzample/x", "ftp://h.example/x"):
+        url.write_text(bad + "\n")
+        with pytest.raises(InventoryValidationError) as err:
+            validate_hosts(node_a(alertmanager_webhook_url_file=str(url)))
+        assert "alertmanager_webhook_url_file" in str(err.value) and bad not in str(err.value)
     url.write_text(secret + "\n")
     cfg = validate_hosts(node_a(alertmanager_webhook_url_file=str(url)))["node-a"]
     conf = yaml.safe_load(monitoring.render_alertmanager(cfg, monitoring.read_webhook_url(str(url))))
