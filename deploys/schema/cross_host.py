@@ -214,8 +214,9 @@ def monitoring_problems(inventory, configs: dict[str, NodeConfig]) -> list[Probl
             continue
         if name != watchers[0] and cfg.node_exporter_address in (None, "127.0.0.1", "::1"):
             problems.append(Problem(name, "node_exporter_address", cfg.node_exporter_address, f"an address of {name} that "
-                                    f"the monitoring host {watchers[0]} reaches (unset or {cfg.node_exporter_address}, "
-                                    "Prometheus would scrape its own host's loopback)"))
+                                    f"the monitoring host {watchers[0]} reaches ("
+                                    + ("unset, node-exporter listens on loopback only)" if cfg.node_exporter_address is None
+                                       else "not loopback: Prometheus would scrape its own host's exporter)")))
         if cfg.is_head and cfg.endpoint_enabled and cfg.endpoint_metrics_client is None:
             problems.append(Problem(name, "endpoint_metrics_client", None, f"a client of endpoint_clients_file whose key "
                                     f"the monitoring host {watchers[0]} reads vLLM's /metrics with (monitoring_enabled "

@@ -215,6 +215,14 @@ def test_validation_names_a_monitoring_setup_that_cannot_scrape(tmp_path):
     with pytest.raises(InventoryValidationError) as err:
         validate_inventory(loopback)
     assert "host n2: key 'node_exporter_address' = None: expected an address of n2 that the monitoring host n1" in str(err.value)
+    own = _inventory(tmp_path, f"""
+        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "monitoring_enabled": True,
+                                       "node_exporter_address": "127.0.0.1"}})]
+        monitoring = ["n1"]
+    """)
+    with pytest.raises(InventoryValidationError) as err:
+        validate_inventory(own)
+    assert "not loopback: Prometheus would scrape its own host's exporter" in str(err.value)
     fine = _inventory(tmp_path, f"""
         one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "monitoring_enabled": True,
                                        "node_exporter_address": "192.0.2.30"}})]
