@@ -287,3 +287,21 @@ def test_files_matching_lists_the_per_head_files_and_nothing_where_the_directory
 
     assert run(tmp_path) == sorted(str(tmp_path / n) for n in ("scrape-a.key", "scrape-b_c.key", "ca-a.crt"))
     assert run(tmp_path / "missing") == []
+
+
+def test_two_heads_whose_names_share_one_key_file_are_refused():
+    """The monitoring host keeps each endpoint head's scrape key under its name made a file word: `a:b` and `a_b`
+    would share one file (and overwrite each other's key at every run)."""
+    from types import SimpleNamespace
+
+    from deploys.schema.cross_host import monitoring_problems
+
+    head = dict(monitoring_enabled=True, node_exporter_address="192.0.2.40", is_head=True, endpoint_enabled=True,
+                endpoint_metrics_client="prometheus")
+    watcher = SimpleNamespace(name="m")
+    inventory = SimpleNamespace(groups={"monitoring": [watcher]}, get_group=lambda name, default=None: [watcher])
+    configs = {"a:b": SimpleNamespace(**head), "a_b": SimpleNamespace(**head), "c": SimpleNamespace(**head)}
+    problems = monitoring_problems(inventory, configs)
+    assert sorted(p.host for p in problems) == ["a:b", "a_b"]
+    assert "a name apart from a_b" in problems[0].expected
+    assert monitoring_problems(inventory, {"a:b": configs["a:b"], "c": configs["c"]}) == []
