@@ -136,8 +136,14 @@ def test_add_a_node_drill(sandbox, tmp_path):
                            ("Monitoring host | Reload Prometheus after a change of targets or rules (promtool checks them first)",
                             ["sandbox-a"])], changed
         assert changed_operations(pyinfra("--json", inventory, "deploys/all.py")) == []
-        targets = requests.get("http://127.0.0.1:9190/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
-        assert {"host": "sandbox-a2", "job": "node"} in [{k: t["labels"].get(k) for k in ("host", "job")} for t in targets]
+        seen = []
+        for _ in range(30):  # the reload returns once Prometheus has the signal; it applies the file a moment later
+            targets = requests.get("http://127.0.0.1:9190/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+            seen = [{k: t["labels"].get(k) for k in ("host", "job")} for t in targets]
+            if {"host": "sandbox-a2", "job": "node"} in seen:
+                break
+            time.sleep(1)
+        assert {"host": "sandbox-a2", "job": "node"} in seen, seen
         wait_serving(["sandbox-a2"], inventory=inventory)  # its real vLLM loads before it listens
         audit = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/audit", "--inventory", inventory],
                                capture_output=True, text=True, timeout=300)
