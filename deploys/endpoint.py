@@ -36,7 +36,7 @@ from deploys.ops import (atomic_put, distro_unit_masked, follow_up_done, follow_
 from deploys.run.reads import expect, operation, read, service_reads, unit_state
 from deploys.schema import NodeConfig
 from deploys.schema.endpoint import CLIENT_KEY_MIN_LENGTH, ENDPOINT_ROUTES
-from deploys.unit_text import unit_word
+from deploys.unit_text import confined, unit_word
 from files import helper_path
 from facts.host import ManagedFiles
 
@@ -116,7 +116,8 @@ def tls_pair_problem(cert_path: str, key_path: str) -> str | None:
     return None
 
 
-def _host(address: str) -> str:
+def url_host(address: str) -> str:
+    """An IP address as the host part of a URL or a listen address (IPv6 in brackets)."""
     return f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
 
 
@@ -138,7 +139,7 @@ def render_maps(cfg: NodeConfig, clients: dict[str, str]) -> tuple[str, str]:
 
 def render_conf(cfg: NodeConfig) -> str:
     """nginx's whole configuration for the endpoint. Every value is a validated number, address or route."""
-    upstream = f"{_host(cfg.api_bind_address)}:{cfg.api_port}"
+    upstream = f"{url_host(cfg.api_bind_address)}:{cfg.api_port}"
     routes = "".join(
         f"""
         location = {route} {{
@@ -191,7 +192,7 @@ http {{
     }}
 
     server {{
-        listen {_host(cfg.endpoint_address)}:{cfg.endpoint_port} ssl;
+        listen {url_host(cfg.endpoint_address)}:{cfg.endpoint_port} ssl;
         ssl_certificate {CERT};
         ssl_certificate_key {KEY};
         ssl_protocols TLSv1.2 TLSv1.3;
@@ -254,18 +255,7 @@ RuntimeDirectory={UNIT}
 CacheDirectory={UNIT}
 LogsDirectory={UNIT}
 LogsDirectoryMode=0750
-NoNewPrivileges=yes
-ProtectSystem=strict
-ProtectHome=yes
-PrivateTmp=yes
-PrivateDevices=yes
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectControlGroups=yes
-RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
-CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID CAP_CHOWN CAP_KILL
-LockPersonality=yes
-
+{confined("CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID CAP_CHOWN CAP_KILL")}
 [Install]
 WantedBy=multi-user.target
 """
@@ -343,5 +333,5 @@ def endpoint():
 
 def endpoint_url(cfg: NodeConfig) -> str:
     """What a client calls: the endpoint's base URL."""
-    return f"https://{_host(cfg.endpoint_address)}:{cfg.endpoint_port}"
+    return f"https://{url_host(cfg.endpoint_address)}:{cfg.endpoint_port}"
 

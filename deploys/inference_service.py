@@ -552,19 +552,19 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
                 "passed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "checks": [c["check"] for c in now.get("checks", [])]}
 
+    def write_json(path: str, data: dict) -> bool:
+        """``data`` as the JSON file ``path`` on this head, replaced whole (a temporary file renamed over it)."""
+        text = shlex.quote(json.dumps(data, sort_keys=True) + "\n")
+        return me.ok(f"mkdir -p {posixpath.dirname(path)} && printf %s {text} > {path}.tmp && mv -f {path}.tmp {path}")
+
     def write_record(passed: dict) -> bool:
-        text = shlex.quote(json.dumps(passed, sort_keys=True) + "\n")
-        return me.ok(f"mkdir -p {posixpath.dirname(record)} && printf %s {text} > {record}.tmp && "
-                     f"mv -f {record}.tmp {record}")
+        return write_json(record, passed)
 
     def write_verdict(passed: bool, of: dict) -> None:
         """The last gate's verdict, for the node's metrics (a failure to write it fails nothing: the converge itself
         reports the gate's verdict)."""
-        last = gate_last_path(cfg)
-        text = shlex.quote(json.dumps({"ok": passed, "at": int(time.time()), "release": of.get("release"),
-                                       "image": of.get("image"), "model_revision": of.get("model_revision")},
-                                      sort_keys=True) + "\n")
-        me.ok(f"mkdir -p {posixpath.dirname(last)} && printf %s {text} > {last}.tmp && mv -f {last}.tmp {last}")
+        write_json(gate_last_path(cfg), {"ok": passed, "at": int(time.time()), "release": of.get("release"),
+                                         "image": of.get("image"), "model_revision": of.get("model_revision")})
 
     ok, why, now = _serves(host, cfg, head, model, me.run, progress, me.sudo)
     if ok and not head:

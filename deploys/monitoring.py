@@ -34,6 +34,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.facts.files import Directory, Link
 
+from deploys.endpoint import read_clients, url_host
 from deploys.inference_service import gate_last_path
 from deploys.inventory import inventory_configs, node_config
 from deploys.model.snapshot import RECORD
@@ -42,7 +43,7 @@ from deploys.ops import (atomic_put, directory_present, distro_unit_masked, foll
 from deploys.run.reads import expect, operation, read, service_reads, unit_state
 from deploys.schema import NodeConfig
 from deploys.schema.monitoring import MONITORING_GROUP, file_word
-from deploys.unit_text import command_line, unit_word
+from deploys.unit_text import command_line, confined, unit_word
 from facts.host import FilesMatching, ManagedFiles
 from facts.nvidia import SMI_TIMEOUT_S
 from files import helper_path
@@ -97,15 +98,11 @@ def read_webhook_url(path: str) -> str:
 
 # --- on every monitored node ------------------------------------------------------------------------------------
 
-def _host(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
-
-
 def exporter_addresses(cfg: NodeConfig) -> list[str]:
     """Where the node's exporter listens: loopback, and the address the monitoring host reaches."""
     out = [f"127.0.0.1:{cfg.node_exporter_port}"]
     if cfg.node_exporter_address and cfg.node_exporter_address != "127.0.0.1":
-        out.append(f"{_host(cfg.node_exporter_address)}:{cfg.node_exporter_port}")
+        out.append(f"{url_host(cfg.node_exporter_address)}:{cfg.node_exporter_port}")
     return out
 
 
@@ -135,7 +132,7 @@ def render_facts_config(name: str, cfg: NodeConfig, watcher: str | None) -> str:
         "gate_last": gate_last_path(cfg) if cfg.is_head else None,
         "service": f"{cfg.container_name}.service",
         "smi_timeout_s": SMI_TIMEOUT_S,
-        "vllm_metrics_url": f"http://{_host(cfg.api_bind_address)}:{cfg.api_port}/metrics" if republish else None,
+        "vllm_metrics_url": f"http://{url_host(cfg.api_bind_address)}:{cfg.api_port}/metrics" if republish else None,
         "vllm_out": f"{TEXTFILE_DIR}/vllm.prom",
     }, indent=1, sort_keys=True) + "\n"
 
@@ -308,7 +305,7 @@ def render_prometheus(configs: dict[str, NodeConfig], me: NodeConfig, watcher: s
         if not cfg.monitoring_enabled:
             continue
         address = cfg.node_exporter_address if name != watcher and cfg.node_exporter_address else "127.0.0.1"
-        nodes.append({"targets": [f"{_host(address)}:{cfg.node_exporter_port}"], "labels": target_labels(name, cfg)})
+        nodes.append({"targets": [f"{url_host(address)}:{cfg.node_exporter_port}"], "labels": target_labels(name, cfg)})
         if not cfg.is_head:
             continue
         how = vllm_scrape(name, cfg, watcher)
@@ -317,11 +314,11 @@ def render_prometheus(configs: dict[str, NodeConfig], me: NodeConfig, watcher: s
                "relabel_configs": [{"target_label": "job", "replacement": "vllm"}]}
         if how == "endpoint":
             job.update(scheme="https", authorization={"type": "Bearer", "credentials_file": credential(scrape_key_id(name))},
-                       static_configs=[{"targets": [f"{_host(cfg.endpoint_address)}:{cfg.endpoint_port}"], "labels": labels}])
+                       static_configs=[{"targets": [f"{url_host(cfg.endpoint_address)}:{cfg.endpoint_port}"], "labels": labels}])
             if cfg.endpoint_tls_ca:
                 job["tls_config"] = {"ca_file": ca_path(name)}
         elif how == "loopback":
-            job["static_configs"] = [{"targets": [f"{_host(cfg.api_bind_address)}:{cfg.api_port}"], "labels": labels}]
+            job["static_configs"] = [{"targets": [f"{url_host(cfg.api_bind_address)}:{cfg.api_port}"], "labels": labels}]
         else:
             continue  # served by node-exporter (job `node`) from the node's facts program
         scrapes.append(job)
@@ -336,15 +333,16 @@ def render_prometheus(configs: dict[str, NodeConfig], me: NodeConfig, watcher: s
         yaml.safe_dump(conf, sort_keys=False, default_flow_style=False)
 
 
+def endpoint_scraped(configs: dict[str, NodeConfig], watcher: str) -> list[str]:
+    """The monitored heads Prometheus scrapes through their endpoint (each needs its scrape key on the host)."""
+    return [name for name, cfg in configs.items()
+            if cfg.monitoring_enabled and cfg.is_head and vllm_scrape(name, cfg, watcher) == "endpoint"]
+
+
 def scrape_keys(configs: dict[str, NodeConfig], watcher: str) -> dict[str, str]:
     """Each head scraped through its endpoint: its monitoring client's key (from the control-node clients file)."""
-    from deploys.endpoint import read_clients
-
-    out = {}
-    for name, cfg in configs.items():
-        if cfg.monitoring_enabled and cfg.is_head and vllm_scrape(name, cfg, watcher) == "endpoint":
-            out[name] = read_clients(cfg.endpoint_clients_file)[cfg.endpoint_metrics_client]
-    return out
+    return {name: read_clients(configs[name].endpoint_clients_file)[configs[name].endpoint_metrics_client]
+            for name in endpoint_scraped(configs, watcher)}
 
 
 # Alert rules: (name, expression, for key (or None: at once), severity, what it means). Thresholds are the keys
@@ -446,18 +444,7 @@ StateDirectory={PROMETHEUS}
 Restart=on-failure
 RestartSec=5
 TimeoutStopSec=60
-NoNewPrivileges=yes
-ProtectSystem=strict
-ProtectHome=yes
-PrivateTmp=yes
-PrivateDevices=yes
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectControlGroups=yes
-RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
-CapabilityBoundingSet=
-LockPersonality=yes
-
+{confined()}
 [Install]
 WantedBy=multi-user.target
 """
@@ -482,18 +469,7 @@ ExecStart={argv_text}
 StateDirectory={ALERTMANAGER}
 Restart=on-failure
 RestartSec=5
-NoNewPrivileges=yes
-ProtectSystem=strict
-ProtectHome=yes
-PrivateTmp=yes
-PrivateDevices=yes
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectControlGroups=yes
-RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
-CapabilityBoundingSet=
-LockPersonality=yes
-
+{confined()}
 [Install]
 WantedBy=multi-user.target
 """
@@ -613,8 +589,9 @@ def monitoring_host():
         if configs[head].endpoint_tls_ca:
             atomic_put(name=f"Install the CA {head}'s endpoint is checked with", src=configs[head].endpoint_tls_ca,
                        dest=ca_path(head), batch=batch)
+    alertmanager_conf = render_alertmanager(me, webhook)
     secret_file(name="Install Alertmanager's configuration (0600: the webhook URL may carry a token)",
-                src=StringIO(render_alertmanager(me, webhook)), dest=ALERTMANAGER_CONF, batch=batch, private_dir=False)
+                src=StringIO(alertmanager_conf), dest=ALERTMANAGER_CONF, batch=batch, private_dir=False)
     conf, rules = render_prometheus(configs, me, watcher), render_rules(me)
     atomic_put(name="Install Prometheus's scrape configuration (from the inventory)", src=StringIO(conf),
                dest=PROMETHEUS_CONF, batch=batch)
@@ -638,7 +615,7 @@ def monitoring_host():
     path, text = units[ALERTMANAGER]
     follow_up_done(name="Apply Alertmanager's unit and configuration (daemon-reload, restart)", stamp="alertmanager-unit",
                    command=f"systemctl daemon-reload && systemctl restart {ALERTMANAGER}.service",
-                   paths=(path, ALERTMANAGER_CONF), contents=(text, render_alertmanager(me, webhook)))
+                   paths=(path, ALERTMANAGER_CONF), contents=(text, alertmanager_conf))
     for unit in (ALERTMANAGER, PROMETHEUS):
         unit_running(name=f"Start and enable {unit}.service", unit=f"{unit}.service")
     follow_up_done(name="Reload Prometheus after a change of targets or rules (promtool checks them first)",
@@ -657,7 +634,7 @@ def rendered_files(name: str, configs: dict[str, NodeConfig], watcher: str | Non
                     f"{UNIT_DIR}/{FACTS}.service": render_facts_service(),
                     f"{UNIT_DIR}/{FACTS}.timer": render_facts_timer(cfg)})
     if name == watcher:
-        keys = [h for h, c in configs.items() if c.monitoring_enabled and c.is_head and vllm_scrape(h, c, watcher) == "endpoint"]
+        keys = endpoint_scraped(configs, watcher)
         out.update({PROMETHEUS_CONF: render_prometheus(configs, cfg, watcher), RULES: render_rules(cfg),
                     DASHBOARD: render_dashboard(),
                     f"{UNIT_DIR}/{PROMETHEUS}.service": render_prometheus_unit(cfg, keys),

@@ -77,3 +77,13 @@ def env_file_line(name: str, value: str) -> str:
     `podman --env-file`): Podman takes the value verbatim after the first `=` (no quotes, no escapes), so
     only a control character could change what it reads, and that is refused."""
     return f"{_env_name(name)}={refuse_control(value)}\n"
+
+
+def confined(capabilities: str = "") -> str:
+    """The `[Service]` sandboxing lines of a network service the toolkit runs as its own unit (the endpoint's
+    nginx, Prometheus, Alertmanager): a read-only system, no home, devices, kernel tunables or modules, IP and unix
+    sockets only, and only ``capabilities`` (none by default)."""
+    return ("NoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=yes\nPrivateTmp=yes\nPrivateDevices=yes\n"
+            "ProtectKernelTunables=yes\nProtectKernelModules=yes\nProtectControlGroups=yes\n"
+            "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX\n"
+            f"CapabilityBoundingSet={capabilities}\nLockPersonality=yes\n")
