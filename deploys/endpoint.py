@@ -21,7 +21,6 @@ removing or rotating a client is an inventory change; a converge applies it with
 
 from __future__ import annotations
 
-import datetime
 import ipaddress
 import re
 from io import StringIO
@@ -78,42 +77,24 @@ def read_clients(path: str) -> dict[str, str]:
             if len(words) != 2:
                 raise EndpointFileError(f"line {number}: `name key` (two words), not {len(words)} word(s)")
             name, key = words
+            # A name is shown only when it cannot be a key: with the columns swapped the first word is the key.
+            where = f"line {number}" if CLIENT_KEY.fullmatch(name) else f"line {number} ({name})"
             if not CLIENT_NAME.fullmatch(name):
-                raise EndpointFileError(f"line {number}: a client name of [a-z0-9][a-z0-9_.-]* (64 at most), not {name!r}")
+                raise EndpointFileError(f"line {number}: `name key`, the name first: [a-z0-9][a-z0-9_.-]* (64 "
+                                        "characters at most; the first word is not one: are the columns swapped?)")
             if not CLIENT_KEY.fullmatch(key):
-                raise EndpointFileError(f"line {number} ({name}): a key of at least {CLIENT_KEY_MIN_LENGTH} characters "
-                                        "[A-Za-z0-9._~+/=-] (`python -m deploys.endpoint_ca --client NAME` makes one)")
+                raise EndpointFileError(f"{where}: a key of at least {CLIENT_KEY_MIN_LENGTH} characters "
+                                        "[A-Za-z0-9._~+/=-] as the second word (are the columns swapped? `python -m "
+                                        "deploys.endpoint_ca --client NAME` makes one)")
             if name in clients:
-                raise EndpointFileError(f"line {number}: client {name} is named twice")
+                raise EndpointFileError(f"{where}: a client named once (it is named twice)")
             if key in owners:
-                raise EndpointFileError(f"line {number} ({name}): the same key as client {owners[key]}")
+                other = owners[key] if not CLIENT_KEY.fullmatch(owners[key]) else "of another line"
+                raise EndpointFileError(f"{where}: the same key as client {other}")
             clients[name], owners[key] = key, name
     if not clients:
         raise EndpointFileError("no client: one `name key` line at least")
     return clients
-
-
-def tls_pair_problem(cert_path: str, key_path: str) -> str | None:
-    """Why the certificate and key cannot serve (unreadable, not each other's, out of date), or None."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-
-    try:
-        with open(cert_path, "rb") as f:
-            cert = x509.load_pem_x509_certificates(f.read())[0]
-        with open(key_path, "rb") as f:
-            key = serialization.load_pem_private_key(f.read(), password=None)
-    except (ValueError, TypeError, IndexError) as e:
-        return f"a PEM certificate and its unencrypted PEM private key ({type(e).__name__}: {str(e)[:120]})"
-    public = serialization.PublicFormat.SubjectPublicKeyInfo
-    if (key.public_key().public_bytes(serialization.Encoding.PEM, public)
-            != cert.public_key().public_bytes(serialization.Encoding.PEM, public)):
-        return "the private key of endpoint_tls_cert (it belongs to another certificate)"
-    now = datetime.datetime.now(datetime.timezone.utc)
-    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
-        return (f"a certificate in date (it is valid from {cert.not_valid_before_utc:%Y-%m-%d} to "
-                f"{cert.not_valid_after_utc:%Y-%m-%d})")
-    return None
 
 
 def url_host(address: str) -> str:

@@ -24,7 +24,6 @@ Every public name is importable from ``deploys.schema``.
 from deploys.schema.base import (
     DIGEST,
     HEX40,
-    SECRET_FILE_KEYS,
     SECRET_NAME,
     SYSTEM_DIRS,
     AbsPath,
@@ -69,7 +68,7 @@ from deploys.schema.readme import KEYS_PAGE, README_END, README_START, markdown_
 __all__ = [
     "COMPONENT_KEYS", "DERIVED_VLLM_FLAGS", "DIGEST", "HEX40", "HIDDEN", "KEYS_PAGE", "PYINFRA_KEYS", "README_END",
     "README_START",
-    "RESERVED_UNIT_NAMES", "RESERVED_UNIT_PREFIXES", "SECRET_FILE_KEYS", "SECRET_NAME", "SECRET_VLLM_FLAGS",
+    "RESERVED_UNIT_NAMES", "RESERVED_UNIT_PREFIXES", "SECRET_NAME", "SECRET_VLLM_FLAGS",
     "SYSTEM_DIRS", "AbsPath", "Cluster", "ClusterKeys", "ComponentKeys", "ContainerKeys", "ContainerRuntimeKeys",
     "EndpointKeys", "MONITORING_GROUP", "MonitoringKeys", "EnvMap", "GateKeys", "HostTuningKeys", "ImageKeys", "InventoryValidationError", "KeyRuleError", "ModelKeys", "NodeConfig",
     "NvidiaDriverKeys", "PackageManagerKeys", "Problem", "Registry", "RegistryMirror", "cluster_head", "cluster_of", "cluster_problems",

@@ -52,8 +52,6 @@ SECRET_NAME = re.compile(
     r"(?i)(.*[_-])?(TOKEN|PASSWORD|PASSWD|PASSPHRASE|SECRET|CREDENTIALS?|APIKEY|AUTH|COOKIE"
     r"|(API|PRIVATE|ACCESS|SECRET)[_-]KEY)([_-].*)?"
 )
-# Keys whose value is a control-node path to a secret: a value that is not a path may be the secret itself.
-SECRET_FILE_KEYS = ("model_hub_token_file", "registry_auth_file")
 
 
 class ComponentKeys(BaseModel):
@@ -203,8 +201,12 @@ DEVICE = PathKind("device", "a path under `/dev/`", _under_one_of("/dev", what="
 READ_ONLY_ROOT = PathKind("read_only", "an absolute path the toolkit only reads")
 # Paths inside the container (checked against each other and the image's system directories).
 CONTAINER_PATH = PathKind("container_path", "an absolute path inside the container, not / or a system directory")
-# Control-node paths: a secret file (checked once the keys parse: exists, 0600, outside the repo) or a cache.
-CONTROL_SECRET = PathKind("control_secret", "a control-node file, mode 0600, outside the repository")
+# Control-node paths: a secret file (checked once the keys parse: what it holds, exists, 0600, the user's own,
+# outside the repo), a public file the toolkit reads there (a CA certificate: what it holds, not writable by
+# others), or a cache. A value of a control-file key that is not a path is never shown: it may be the secret.
+CONTROL_SECRET = PathKind("control_secret", "a control-node file, mode 0600, owned by you (or root), outside the "
+                          "repository")
+CONTROL_FILE = PathKind("control_file", "a control-node file, owned by you (or root), writable by its owner alone")
 
 OwnedDir = Annotated[str, AfterValidator(OWNED_DIR)]
 ControlDir = Annotated[str, AfterValidator(CONTROL_DIR)]
@@ -215,6 +217,7 @@ DevicePath = Annotated[str, AfterValidator(DEVICE)]
 ReadOnlyRoot = Annotated[str, AfterValidator(READ_ONLY_ROOT)]
 ContainerPath = Annotated[str, AfterValidator(CONTAINER_PATH)]
 ControlSecret = Annotated[str, AfterValidator(CONTROL_SECRET)]
+ControlFile = Annotated[str, AfterValidator(CONTROL_FILE)]
 
 
 def path_kind(annotation: Any) -> PathKind | None:
@@ -267,6 +270,29 @@ def _url(value: str) -> str:
 # A URL the toolkit writes into apt sources, env files and commands: never credentials (`user:pass@host` would
 # land in 0644 files and in logs; the hub token and registry credentials are files of their own).
 Url = Annotated[str, AfterValidator(_url)]
+
+
+def _ip_address(value: str) -> str:
+    """An IP address as every consumer reads it alike: parsed, in its one canonical spelling (so two keys naming one
+    address hold the same text), without an IPv6 zone (`%eth0`: text that would reach nginx.conf and unit files)
+    and not IPv4-mapped (`::ffff:127.0.0.1` is loopback and `::ffff:0.0.0.0` a wildcard in disguise)."""
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError("an IP address, IPv4 or IPv6 (like 192.0.2.10 or 2001:db8::10)") from None
+    if getattr(address, "scope_id", None) is not None:
+        raise ValueError("an IP address without a zone (no '%' and interface name)")
+    if getattr(address, "ipv4_mapped", None) is not None:
+        raise ValueError(f"an IPv4 address as itself ({address.ipv4_mapped}), not IPv4-mapped IPv6")
+    if str(address) != value:
+        raise ValueError(f"the address in canonical form ({address})")
+    return value
+
+
+# Every address-valued key: text that is its address's canonical spelling (``ipaddress.ip_address(v)`` gives
+# the value; equal text means the same address, so the per-host table of deploys/schema/listeners.py compares
+# them as such).
+IpAddress = Annotated[str, AfterValidator(_ip_address)]
 
 
 def is_loopback_host(name: str) -> bool:

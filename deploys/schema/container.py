@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import model_validator
 
-from deploys.schema.base import (HEX40, SYSTEM_DIRS, ComponentKeys, ContainerPath, DevicePath, EnvMap, OwnedDir,
+from deploys.schema.base import (HEX40, SYSTEM_DIRS, ComponentKeys, ContainerPath, DevicePath, EnvMap, IpAddress, OwnedDir,
                                  ReadOnlyRoot, _key)
 from deploys.schema.problems import URL_CREDENTIALS, KeyRuleError, looks_secret
 from deploys.unit_text import LONE_SEMICOLON
@@ -115,7 +115,7 @@ class ContainerKeys(ComponentKeys):
     jit_cache_mount: ContainerPath = _key("/cache", description="mount point of `jit_cache_dir` in the container")
     container_tmp_dir: OwnedDir | None = _key(None, description="host directory for the container's persistent tmp")
     container_tmp_mount: ContainerPath = _key("/container-tmp", description="mount point of `container_tmp_dir` in the container")
-    api_bind_address: str = _key("127.0.0.1", description="address the API listens on; loopback unless fronted by an authenticating proxy")
+    api_bind_address: IpAddress = _key("127.0.0.1", description="address the API listens on; loopback unless fronted by an authenticating proxy")
     api_port: int = _key(8000, description="API port", ge=1, le=65535)
     api_protected_by: str | None = _key(
         None, description="how a non-loopback API is protected (required when `api_bind_address` is not loopback)"
@@ -264,11 +264,7 @@ class ContainerKeys(ComponentKeys):
                 self.container_shm_size,
                 "unset while container_ipc_host is true (Podman refuses --ipc=host with a shm size)",
             )
-        try:
-            bind = ipaddress.ip_address(self.api_bind_address)
-        except ValueError:
-            raise KeyRuleError("api_bind_address", self.api_bind_address, "an IP address") from None
-        if not bind.is_loopback and not (self.api_protected_by or "").strip():
+        if not ipaddress.ip_address(self.api_bind_address).is_loopback and not (self.api_protected_by or "").strip():
             raise KeyRuleError(
                 "api_protected_by",
                 self.api_protected_by,

@@ -15,6 +15,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+import ipaddress
+
+from deploys.schema.listeners import HOST_OWN, listener_problems
 from deploys.schema.monitoring import MONITORING_GROUP, file_word
 from deploys.schema.node import NodeConfig
 from deploys.schema.parse import parse_node
@@ -103,6 +106,8 @@ def cluster_problems(configs: dict[str, NodeConfig]) -> list[Problem]:
 # An inventory name: a host name or address (it becomes a folder of `deploys.render`, an rsync and ssh
 # destination), or a pyinfra connector's (`@local`, `@docker/NAME`). Never a path, an option or shell syntax.
 HOST_NAME = re.compile(r"@[a-z]+(/[A-Za-z0-9][A-Za-z0-9._:@-]*)?|[A-Za-z0-9][A-Za-z0-9._:@-]*")
+# Its longest use as one file name, the monitoring host's `scrape-<name>.key`, stays within Linux's 255 bytes.
+HOST_NAME_MAX = 200
 SSH_HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 SSH_USER = re.compile(r"[A-Za-z_][A-Za-z0-9._-]*")
 
@@ -125,6 +130,10 @@ def connection_problems(hosts: dict[str, dict[str, Any]]) -> list[Problem]:
         if not HOST_NAME.fullmatch(name):
             problems.append(Problem(name, "(host name)", name, "a host name or address: letters, digits and . _ : @ - "
                                     "(no '/', '..', spaces or a leading '-'), or a pyinfra connector's @name"))
+        elif len(name) > HOST_NAME_MAX:
+            problems.append(Problem(name[:40] + "…", "(host name)", f"{len(name)} characters",
+                                    f"a name of at most {HOST_NAME_MAX} characters (it names files on the control "
+                                    "node and the monitoring host; set ssh_hostname to the long one)"))
         if ssh_port(data) is None:
             problems.append(Problem(name, "ssh_port", data.get("ssh_port"), "a port number from 1 to 65535"))
         for key, pattern, what in (("ssh_hostname", SSH_HOSTNAME, "a host name or IP address"),
@@ -177,12 +186,14 @@ def group_problems(inventory) -> list[Problem]:
     return problems
 
 
-def validate_hosts(hosts: dict[str, dict[str, Any]], deployed: set[str] | None = None) -> dict[str, NodeConfig]:
+def validate_hosts(hosts: dict[str, dict[str, Any]], deployed: set[str] | None = None,
+                   watcher: str | None = None) -> dict[str, NodeConfig]:
     """Validate every host's data and the cluster rules; raise one error listing every problem.
 
     ``deployed`` (pyinfra's --limit, widened to whole clusters): a host outside it whose only problems are
     profile gaps is left out of the result instead of refusing the run, so deploying A and B need not wait
-    for the values C's write-up leaves open. Any other problem on any host still refuses the run.
+    for the values C's write-up leaves open. Any other problem on any host still refuses the run. ``watcher``:
+    the host of the group `monitoring` (its Prometheus and Alertmanager join its table of listeners).
     """
     configs: dict[str, NodeConfig] = {}
     problems: list[Problem] = []
@@ -195,7 +206,8 @@ def validate_hosts(hosts: dict[str, dict[str, Any]], deployed: set[str] | None =
             configs[name] = cfg
     problems += connection_problems(hosts) + machine_problems(hosts)
     if not problems:
-        problems = cluster_problems(configs)
+        problems = cluster_problems(configs) + listener_problems(
+            configs, hosts, {name: ssh_port(data) for name, data in hosts.items()}, watcher)
     if problems:
         raise InventoryValidationError(problems)
     return configs
@@ -204,19 +216,28 @@ def validate_hosts(hosts: dict[str, dict[str, Any]], deployed: set[str] | None =
 def monitoring_problems(inventory, configs: dict[str, NodeConfig]) -> list[Problem]:
     """The group `monitoring` names one host, which reaches every monitored node's exporter (an exporter on
     loopback only is its own host's) and scrapes each monitored head's vLLM through its endpoint with a key."""
-    watchers = [h.name for h in inventory.get_group(MONITORING_GROUP, [])] if MONITORING_GROUP in inventory.groups else []
+    watchers = monitoring_hosts(inventory)
     if len(watchers) > 1:
         return [Problem(name, f"(group {MONITORING_GROUP})", name, f"one host in group {MONITORING_GROUP} (it lists "
                         f"{', '.join(watchers)}): one Prometheus scrapes the inventory") for name in watchers]
     problems = []
     for name, cfg in configs.items():
+        if cfg.monitoring_enabled and not watchers:
+            problems.append(Problem(name, "monitoring_enabled", True, f"a host in the inventory group "
+                                    f"`{MONITORING_GROUP}` to scrape this node (the inventory has none: its exporter "
+                                    "would run unscraped and no alert would ever fire)"))
         if not cfg.monitoring_enabled or not watchers:
             continue
-        if name != watchers[0] and cfg.node_exporter_address in (None, "127.0.0.1", "::1"):
+        address = cfg.node_exporter_address
+        own_loopback = address is not None and ipaddress.ip_address(address).is_loopback and (
+            address in HOST_OWN or not cfg.fabric_on_one_host)
+        if name != watchers[0] and (address is None or own_loopback):
             problems.append(Problem(name, "node_exporter_address", cfg.node_exporter_address, f"an address of {name} that "
                                     f"the monitoring host {watchers[0]} reaches ("
                                     + ("unset, node-exporter listens on loopback only)" if cfg.node_exporter_address is None
-                                       else "not loopback: Prometheus would scrape its own host's exporter)")))
+                                       else "not loopback: Prometheus would scrape its own host's exporter under "
+                                       f"{name}'s name; loopback stands for a node's own only with "
+                                       "fabric_on_one_host, the sandbox's one machine)")))
         if cfg.is_head and cfg.endpoint_enabled and cfg.endpoint_metrics_client is None:
             problems.append(Problem(name, "endpoint_metrics_client", None, f"a client of endpoint_clients_file whose key "
                                     f"the monitoring host {watchers[0]} reads vLLM's /metrics with (monitoring_enabled "
@@ -232,6 +253,13 @@ def monitoring_problems(inventory, configs: dict[str, NodeConfig]) -> list[Probl
     return problems
 
 
+def monitoring_hosts(inventory) -> list[str]:
+    """The hosts of the inventory group `monitoring` (one, in a valid inventory)."""
+    if MONITORING_GROUP not in inventory.groups:
+        return []
+    return [h.name for h in inventory.get_group(MONITORING_GROUP, [])]
+
+
 def validate_inventory(inventory, limit_hosts=None) -> dict[str, NodeConfig]:
     """Validate every host of a pyinfra inventory (all of them, not only those --limit selects; see
     validate_hosts for the one exception, profile gaps outside the limit)."""
@@ -244,7 +272,8 @@ def validate_inventory(inventory, limit_hosts=None) -> dict[str, NodeConfig]:
         deployed = {name for name in hosts
                     if name in limited or cluster_name[name] in {cluster_name[x] for x in limited if x in cluster_name}}
     try:
-        configs = validate_hosts(hosts, deployed)
+        watchers = monitoring_hosts(inventory)
+        configs = validate_hosts(hosts, deployed, watchers[0] if len(watchers) == 1 else None)
         problems += monitoring_problems(inventory, configs)
     except InventoryValidationError as e:
         problems += e.problems

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from deploys.schema.base import ComponentKeys, ControlSecret, _key
+from deploys.schema.base import ComponentKeys, ControlFile, ControlSecret, IpAddress, _key
 from deploys.schema.problems import KeyRuleError
 
 # The vLLM routes a lab may open through the endpoint; every other path is refused (404). /health is answered
@@ -29,7 +29,7 @@ class EndpointKeys(ComponentKeys):
         False, description="serve the cluster's API to the LAN through an authenticated TLS endpoint on its head (nginx "
         "from the distribution); vLLM stays on loopback. Off: the API is on loopback only",
     )
-    endpoint_address: str | None = _key(
+    endpoint_address: IpAddress | None = _key(
         None, description="address the endpoint listens on: one of the head's own addresses (checked by preflight), "
         "never a wildcard; required when `endpoint_enabled`",
     )
@@ -42,9 +42,10 @@ class EndpointKeys(ComponentKeys):
         None, description="control-node PEM private key of `endpoint_tls_cert` (outside the repo, mode 0600); copied "
         "to the node 0600, never printed",
     )
-    endpoint_tls_ca: str | None = _key(
+    endpoint_tls_ca: ControlFile | None = _key(
         None, description="control-node CA certificate clients verify the endpoint with (the audit and the demo use "
-        "it); unset = the system's trust store", pattern=r"^/\S+$",
+        "it; the monitoring host gets a 0644 copy): PEM certificates only, no private key, the issuer of "
+        "`endpoint_tls_cert`; unset = the system's trust store",
     )
     endpoint_clients_file: ControlSecret | None = _key(
         None, description="control-node file of client keys, one `name key` per line (`#` comments; names "
@@ -74,7 +75,8 @@ class EndpointKeys(ComponentKeys):
         600, description="requests a client key may make per minute (beyond the burst: HTTP 429)", ge=1, le=1_000_000,
     )
     endpoint_rate_burst: int = _key(
-        60, description="requests a client key may make at once above its rate", ge=0, le=100_000,
+        60, description="requests a client key may make at once above its rate (nginx's `burst`: at least 1)", ge=1,
+        le=100_000,
     )
 
     @model_validator(mode="after")
@@ -86,10 +88,7 @@ class EndpointKeys(ComponentKeys):
                 raise KeyRuleError(key, None, "a value, since endpoint_enabled is true"
                                    + ("; make a lab CA, a certificate and client keys with `python -m deploys.endpoint_ca`"
                                       if key != "endpoint_address" else ""))
-        try:
-            address = ipaddress.ip_address(self.endpoint_address)
-        except ValueError:
-            raise KeyRuleError("endpoint_address", self.endpoint_address, "an IP address") from None
+        address = ipaddress.ip_address(self.endpoint_address)
         if address.is_unspecified or address.is_multicast:
             raise KeyRuleError("endpoint_address", self.endpoint_address,
                                "one address of the head (not a wildcard: the endpoint listens where the inventory says)")

@@ -9,7 +9,7 @@ import re
 
 from pydantic import model_validator
 
-from deploys.schema.base import ComponentKeys, ControlSecret, _key
+from deploys.schema.base import ComponentKeys, ControlSecret, IpAddress, _key
 from deploys.schema.problems import KeyRuleError
 
 MONITORING_GROUP = "monitoring"  # the inventory group naming the one host that runs Prometheus and Alertmanager
@@ -28,7 +28,7 @@ class MonitoringKeys(ComponentKeys):
         False, description="run node-exporter (distribution package) with the toolkit's own metrics (driver, deep "
         "verify, serving gate, GPUs, model disk) on this node, scraped by the host of the inventory group `monitoring`",
     )
-    node_exporter_address: str | None = _key(
+    node_exporter_address: IpAddress | None = _key(
         None, description="address node-exporter listens on besides loopback: the one the monitoring host reaches "
         "(one of this node's own addresses, never a wildcard); unset = loopback only (the node is its own monitoring "
         "host)",
@@ -81,23 +81,15 @@ class MonitoringKeys(ComponentKeys):
     )
     alert_model_disk_free_min_gib: float = _key(
         20, description="(monitoring host) free space on a node's model filesystem below which ModelDiskNearlyFull "
-        "fires (GiB)", ge=0,
+        "fires (GiB; at most 1,048,576 = 1 PiB)", ge=0, le=2**20,
     )
 
     @model_validator(mode="after")
     def _monitoring_rules(self) -> MonitoringKeys:
         if self.node_exporter_address is not None:
-            try:
-                address = ipaddress.ip_address(self.node_exporter_address)
-            except ValueError:
-                raise KeyRuleError("node_exporter_address", self.node_exporter_address, "an IP address") from None
+            address = ipaddress.ip_address(self.node_exporter_address)
             if address.is_unspecified or address.is_multicast:
                 raise KeyRuleError("node_exporter_address", self.node_exporter_address,
                                    "one address of this node (not a wildcard: the exporter listens where the inventory "
                                    "says)")
-        ports = {"node_exporter_port": self.node_exporter_port, "prometheus_port": self.prometheus_port,
-                 "alertmanager_port": self.alertmanager_port}
-        if len(set(ports.values())) != len(ports):
-            raise KeyRuleError("alertmanager_port", self.alertmanager_port,
-                               f"ports apart from each other ({', '.join(f'{k} {v}' for k, v in ports.items())})")
         return self

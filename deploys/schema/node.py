@@ -43,16 +43,13 @@ class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKey
 
     @model_validator(mode="after")
     def _endpoint_fronts_a_loopback_api(self) -> NodeConfig:
-        """With the endpoint on, vLLM stays on loopback (the endpoint is the one way in), and the two never take
-        the same address and port."""
+        """With the endpoint on, vLLM stays on loopback (the endpoint is the one way in). Ports: one table per host
+        (deploys/schema/listeners.py)."""
         if not self.endpoint_enabled:
             return self
         if not ipaddress.ip_address(self.api_bind_address).is_loopback:
             raise KeyRuleError("api_bind_address", self.api_bind_address,
                                "a loopback address, since endpoint_enabled is true (the endpoint is the way in)")
-        if (self.endpoint_address, self.endpoint_port) == (self.api_bind_address, self.api_port):
-            raise KeyRuleError("endpoint_port", self.endpoint_port,
-                               f"a port apart from api_port ({self.api_port}) on {self.endpoint_address}")
         return self
 
     @model_validator(mode="after")

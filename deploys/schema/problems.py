@@ -4,6 +4,7 @@ showing a bad value without ever showing a secret."""
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import types
 import typing
@@ -13,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pyinfra.api.exceptions import DeployError
 
-from deploys.schema.base import SECRET_FILE_KEYS, SECRET_NAME, is_safe_path
+from deploys.schema.base import CONTROL_FILE, CONTROL_SECRET, SECRET_NAME, is_safe_path, path_kind
 
 # --------------------------------------------------------------------------------------------------
 # Showing a bad value without ever showing a secret
@@ -34,15 +35,40 @@ def looks_secret(text: str) -> bool:
     return bool(_TOKEN.search(text))
 
 
+@functools.cache
+def control_file_keys() -> frozenset[str]:
+    """The keys whose value is a control-node file (their type is ``ControlSecret`` or ``ControlFile``): a value
+    that is not a path may be the file's content pasted in (client keys, a webhook URL, a PEM block)."""
+    from deploys.schema.node import NodeConfig
+
+    return frozenset(k for k, f in NodeConfig.model_fields.items()
+                     if path_kind(f.annotation) in (CONTROL_SECRET, CONTROL_FILE))
+
+
+@functools.cache
+def _known_keys() -> frozenset[str]:
+    from deploys.schema.node import NodeConfig
+    from deploys.schema.parse import PYINFRA_KEYS
+
+    return frozenset(NodeConfig.model_fields) | PYINFRA_KEYS
+
+
 def shown_value(key: str, value: Any) -> str:
-    """``value`` as an error message may show it: secrets (by the key's name, by their shape, or a
-    secret-file key given something that is not a path) are replaced by a placeholder."""
+    """``value`` as an error message may show it: secrets (by the key's name, by their shape, a control-file
+    key given something that is not a path, any text under a key the schema does not know: a misspelled
+    `alertmanager_webhok_url_file` may hold the URL itself) are replaced by a placeholder."""
     base = key.split("[", 1)[0]
-    if base in SECRET_FILE_KEYS and value is not None and not (isinstance(value, str) and is_safe_path(value)):
-        return "<hidden: not a path; the key takes a control-node file holding the secret>"
-    if base not in SECRET_FILE_KEYS and SECRET_NAME.fullmatch(base):
+    if base in control_file_keys() and value is not None and not (isinstance(value, str) and is_safe_path(value)):
+        return "<hidden: not a path; the key takes a control-node file, whose content is never shown>"
+    if base not in control_file_keys() and SECRET_NAME.fullmatch(base):
         return "<hidden: the key is named like a secret>"
+    if not base.startswith("(") and base not in _known_keys() and not _plain_scalar(value):
+        return "<hidden: the value of an unknown key is never shown>"
     return repr(_redacted(value))
+
+
+def _plain_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float))
 
 
 class _Hidden(str):

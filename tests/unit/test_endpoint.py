@@ -109,7 +109,7 @@ def test_validation_refuses_an_endpoint_that_would_not_serve_safely(lab, changes
 def test_an_endpoint_on_a_worker_is_refused():
     head = {"node_rank": 0, "fabric_address": "198.51.100.20"}
     worker = {"node_rank": 1, "fabric_address": "198.51.100.21", "endpoint_enabled": True,
-              "endpoint_address": "192.0.2.21", "endpoint_tls_cert": f"{ENDPOINT_DIR}/192.0.2.10.crt",
+              "endpoint_address": "192.0.2.10", "endpoint_tls_cert": f"{ENDPOINT_DIR}/192.0.2.10.crt",
               "endpoint_tls_key": f"{ENDPOINT_DIR}/192.0.2.10.key", "endpoint_clients_file": f"{ENDPOINT_DIR}/clients"}
     with pytest.raises(InventoryValidationError) as err:
         validate_hosts(pair_b(head, worker))
@@ -133,11 +133,14 @@ def test_the_control_files_are_checked_private_present_paired_and_well_formed(la
 
 
 CLIENT_FILES = [
-    ("duplicate name", "alice {k1}\nalice {k2}\n", "line 2: client alice is named twice"),
+    ("duplicate name", "alice {k1}\nalice {k2}\n", "line 2 (alice): a client named once"),
     ("duplicate key", "alice {k1}\nbob {k1}\n", "line 2 (bob): the same key as client alice"),
     ("short key", "alice {short}\n", "line 1 (alice): a key of at least 32 characters"),
     ("three words", "alice {k1} extra\n", "line 1: `name key` (two words), not 3 word(s)"),
-    ("hostile name", "al;ice {k1}\n", "line 1: a client name of"),
+    ("hostile name", "al;ice {k1}\n", "line 1: `name key`, the name first"),
+    ("columns swapped", "{k1} alice\n", "are the columns swapped?"),
+    ("columns swapped, a key of lower-case letters", "{lower} alice\n", "are the columns swapped?"),
+    ("columns swapped, a key a name could be", "{name_like} alice\n", "are the columns swapped?"),
     ("hostile key", "alice {k1}\";\n", "line 1 (alice): a key of at least 32"),
     ("nobody", "# only a comment\n", "no client"),
 ]
@@ -145,14 +148,14 @@ CLIENT_FILES = [
 
 @pytest.mark.parametrize("content,expected", [c[1:] for c in CLIENT_FILES], ids=[c[0] for c in CLIENT_FILES])
 def test_a_clients_file_with_a_duplicate_short_or_hostile_entry_is_refused_naming_the_line_never_the_key(lab, content, expected):
-    k1, k2, short = "A" * 40, "B" * 40, "C" * 31
+    k1, k2, short, lower, name_like = "A" * 40, "B" * 40, "C" * 31, "q7" * 20 + "~", "x9" * 20
     path = lab / "clients"
-    path.write_text(content.format(k1=k1, k2=k2, short=short))
+    path.write_text(content.format(k1=k1, k2=k2, short=short, lower=lower, name_like=name_like))
     os.chmod(path, 0o600)
     with pytest.raises(EndpointFileError) as err:
         read_clients(str(path))
     assert expected in str(err.value)
-    assert k1 not in str(err.value) and short not in str(err.value)
+    assert not {k1, short, lower, name_like} & set(re.split(r"[^A-Za-z0-9~]+", str(err.value)))
     problems = _problems(_a(lab))
     assert any(k == "endpoint_clients_file" and expected in e for k, e in problems), problems
 

@@ -263,14 +263,16 @@ def test_same_machine_under_two_names_is_refused():
     # the same address on another SSH port is another machine (the sandbox's nodes): accepted
     other = node_a(ssh_port=2202)["node-a"]
     other["cluster_name"] = "another-pair"
+    other["endpoint_enabled"] = False  # (its endpoint address would be node-a's: one address, one host)
     assert len(validate_hosts({**node_a(), "node-other": other})) == 2
 
 
 def test_loopback_fabric_only_for_nodes_on_one_host():
     with pytest.raises(InventoryValidationError):
         validate_hosts(pair_b({"fabric_address": "127.0.1.10"}, {"fabric_address": "127.0.1.11"}))
-    same = {"fabric_on_one_host": True}
-    ok = validate_hosts(pair_b({"fabric_address": "127.0.1.10", **same}, {"fabric_address": "127.0.1.11", **same}))
+    same = {"fabric_on_one_host": True}  # one machine: one network, so each node's sshd on a port of its own
+    ok = validate_hosts(pair_b({"fabric_address": "127.0.1.10", "ssh_port": 2202, **same},
+                               {"fabric_address": "127.0.1.11", "ssh_port": 2203, **same}))
     assert ok["node-b0"].fabric_address == "127.0.1.10"
 
 

@@ -201,7 +201,7 @@ def _inventory(tmp_path, body: str):
 def test_validation_names_a_monitoring_setup_that_cannot_scrape(tmp_path):
     a = node_a()["node-a"]
     two = _inventory(tmp_path, f"""
-        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "monitoring_enabled": True}})]
+        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "endpoint_enabled": False, "monitoring_enabled": True}})]
         monitoring = ["n1", "n2"]
     """)
     with pytest.raises(InventoryValidationError) as err:
@@ -209,14 +209,14 @@ def test_validation_names_a_monitoring_setup_that_cannot_scrape(tmp_path):
     text = str(err.value)
     assert "one host in group monitoring" in text and "n1" in text and "n2" in text
     loopback = _inventory(tmp_path, f"""
-        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "monitoring_enabled": True}})]
+        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "endpoint_enabled": False, "monitoring_enabled": True}})]
         monitoring = ["n1"]
     """)
     with pytest.raises(InventoryValidationError) as err:
         validate_inventory(loopback)
     assert "host n2: key 'node_exporter_address' = None: expected an address of n2 that the monitoring host n1" in str(err.value)
     own = _inventory(tmp_path, f"""
-        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "monitoring_enabled": True,
+        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "endpoint_enabled": False, "monitoring_enabled": True,
                                        "node_exporter_address": "127.0.0.1"}})]
         monitoring = ["n1"]
     """)
@@ -224,7 +224,7 @@ def test_validation_names_a_monitoring_setup_that_cannot_scrape(tmp_path):
         validate_inventory(own)
     assert "not loopback: Prometheus would scrape its own host's exporter" in str(err.value)
     fine = _inventory(tmp_path, f"""
-        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "monitoring_enabled": True,
+        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "endpoint_enabled": False, "monitoring_enabled": True,
                                        "node_exporter_address": "192.0.2.30"}})]
         monitoring = ["n1"]
     """)
@@ -234,7 +234,8 @@ def test_validation_names_a_monitoring_setup_that_cannot_scrape(tmp_path):
 @pytest.mark.parametrize("keys,key", [
     ({"node_exporter_address": "0.0.0.0"}, "node_exporter_address"),
     ({"node_exporter_address": "lan"}, "node_exporter_address"),
-    ({"node_exporter_port": 9090}, "alertmanager_port"),
+    ({"node_exporter_port": 8000}, "node_exporter_port"),  # vLLM's API port on loopback
+    ({"node_exporter_port": 22}, "node_exporter_port"),  # sshd's
 ])
 def test_exporter_keys_refuse_a_wildcard_or_a_clash(keys, key):
     from deploys.schema import validate_hosts
