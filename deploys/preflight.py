@@ -62,18 +62,24 @@ def fabric_problem(cfg: NodeConfig, addresses: list[str]) -> str | None:
             f"{', '.join(a.split('/')[0] for a in addresses)}): the other ranks could not reach it")
 
 
-def endpoint_address_problem(cfg: NodeConfig, addresses: list[str]) -> str | None:
-    """The endpoint listens on one of the head's own addresses (any of lo's network for a loopback one). Unknown
-    (no iproute2) is not refused."""
-    if not (cfg.endpoint_enabled and cfg.is_head) or not addresses:
-        return None
-    want = ipaddress.ip_address(cfg.endpoint_address)
-    for cidr in addresses:
-        iface = ipaddress.ip_interface(cidr.split("%", 1)[0])
-        if iface.ip == want or (iface.ip.is_loopback and want in iface.network):
-            return None
-    return (f"endpoint_address {cfg.endpoint_address} is not an address of this node (it has "
-            f"{', '.join(a.split('/')[0] for a in addresses)}): the endpoint could not listen there")
+def own_address_problems(cfg: NodeConfig, addresses: list[str]) -> list[str]:
+    """The endpoint (on the head) and node exporter listen on addresses this node has (any of lo's network for a
+    loopback one). Unknown (no iproute2) is not refused."""
+    wanted = []
+    if cfg.endpoint_enabled and cfg.is_head:
+        wanted.append(("endpoint_address", cfg.endpoint_address, "the endpoint"))
+    if cfg.monitoring_enabled and cfg.node_exporter_address is not None:
+        wanted.append(("node_exporter_address", cfg.node_exporter_address, "node exporter"))
+    if not addresses:
+        return []
+    out = []
+    for key, address, what in wanted:
+        want = ipaddress.ip_address(address)
+        if not any(iface.ip == want or (iface.ip.is_loopback and want in iface.network)
+                   for iface in (ipaddress.ip_interface(cidr.split("%", 1)[0]) for cidr in addresses)):
+            out.append(f"{key} {address} is not an address of this node (it has "
+                       f"{', '.join(a.split('/')[0] for a in addresses)}): {what} could not listen there")
+    return out
 
 
 def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: dict | None = None,
@@ -86,9 +92,9 @@ def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: d
         out.append(f"container_devices {', '.join(missing_devices)} not on this node (no RDMA NIC, or its driver "
                    f"is not loaded; RDMA devices seen: {', '.join(res.get('rdma') or []) or 'none'}): the "
                    "container could not start")
-    for problem in (fabric_problem(cfg, addresses or []), endpoint_address_problem(cfg, addresses or [])):
-        if problem:
-            out.append(problem)
+    if problem := fabric_problem(cfg, addresses or []):
+        out.append(problem)
+    out += own_address_problems(cfg, addresses or [])
     gpus = (smi or {}).get("gpus") or []
     if (smi or {}).get("hung"):
         out.append(smi["error"])

@@ -14,7 +14,7 @@ import pytest
 
 from deploys.endpoint import CLIENTS_MAP, CONF, MONITOR_MAP, UNIT_PATH, EndpointFileError, read_clients, render_conf
 from deploys.endpoint_ca import add_clients, endpoint_certificate, lab_ca
-from deploys.preflight import endpoint_address_problem
+from deploys.preflight import own_address_problems
 from deploys.schema import InventoryValidationError, NodeConfig, validate_hosts
 from tests.unit.test_schema import PROFILE_B, node_a, pair_b
 
@@ -197,14 +197,19 @@ def test_render_shows_the_endpoint_without_its_secrets(lab, tmp_path):
     assert "PRIVATE KEY" not in text
 
 
-def test_preflight_refuses_an_endpoint_address_the_head_does_not_have(lab):
+def test_preflight_refuses_an_endpoint_or_exporter_address_the_node_does_not_have(lab):
     cfg = validate_hosts(_a(lab))["node-a"]
-    assert endpoint_address_problem(cfg, ["127.0.0.1/8", "192.0.2.10/24"]) is None
-    assert endpoint_address_problem(cfg, []) is None  # no iproute2: unknown, not refused
-    problem = endpoint_address_problem(cfg, ["127.0.0.1/8", "192.0.2.11/24"])
+    assert own_address_problems(cfg, ["127.0.0.1/8", "192.0.2.10/24"]) == []
+    assert own_address_problems(cfg, []) == []  # no iproute2: unknown, not refused
+    [problem] = own_address_problems(cfg, ["127.0.0.1/8", "192.0.2.11/24"])
     assert problem.startswith("endpoint_address 192.0.2.10 is not an address of this node (it has 127.0.0.1, 192.0.2.11)")
     loopback = cfg.model_copy(update={"endpoint_address": "127.0.0.2"})
-    assert endpoint_address_problem(loopback, ["127.0.0.1/8"]) is None  # lo holds all of 127.0.0.0/8
+    assert own_address_problems(loopback, ["127.0.0.1/8"]) == []  # lo holds all of 127.0.0.0/8
+    exporter = cfg.model_copy(update={"monitoring_enabled": True, "node_exporter_address": "192.0.2.99"})
+    [problem] = own_address_problems(exporter, ["127.0.0.1/8", "192.0.2.10/24"])
+    assert problem.startswith("node_exporter_address 192.0.2.99 is not an address of this node")
+    assert own_address_problems(exporter.model_copy(update={"node_exporter_address": "192.0.2.10"}),
+                                ["127.0.0.1/8", "192.0.2.10/24"]) == []
 
 
 def test_lab_ca_is_made_once(tmp_path):

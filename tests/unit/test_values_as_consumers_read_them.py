@@ -1,0 +1,417 @@
+"""Every value checked the way its consumer reads it (issue 40, sections 1-3): secrets never printed, control-node
+files checked by what they hold, one table of addresses and ports per host, bounds that agree with the program that
+reads the value. Each root cause with several values; every message names the host and key and holds no fake secret."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+from deploys import monitoring
+from deploys.endpoint import render_conf
+from deploys.inventory import load_inventory
+from deploys.schema import InventoryValidationError, validate_hosts, validate_inventory
+from tests.unit.test_hostile_input import node_a, pair_b
+
+ENDPOINT_DIR = os.environ["INFERENCE_NODES_ENDPOINT_DIR"]
+KEY_A, KEY_B = "Zk3vQ9pLw2Xr7Tb5Hn1Mc8Jd4Fs6Gy0AqW", "q7q7q7q7q7q7q7q7q7q7q7q7q7q7q7q7q7q7"
+WEBHOOK = "https://hooks.example.com/services/T0AAAA/B0BBBB/xoxSecretPart9"
+WEBHOOK_TOKEN = "xoxSecretPart9"
+
+
+def _refused(hosts: dict, *, secrets: tuple[str, ...] = ()) -> dict[tuple[str, str], str]:
+    """The problems of ``hosts`` as {(host, key): expectation}; no fake secret in the message or any problem."""
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(hosts)
+    text = str(err.value)
+    for secret in (*secrets, KEY_A, KEY_B, WEBHOOK_TOKEN, *_client_keys()):
+        assert secret not in text, f"a secret in the message: {text}"
+    out: dict[tuple[str, str], str] = {}
+    for p in err.value.problems:  # two problems of one key: both expectations, joined
+        out[(p.host, p.key)] = f"{out[(p.host, p.key)]} | {p.expected}" if (p.host, p.key) in out else p.expected
+    return out
+
+
+def _client_keys() -> list[str]:
+    return [line.split()[1] for line in open(f"{ENDPOINT_DIR}/clients") if line.split() and line[0] != "#"]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    d = tmp_path / "lab"
+    shutil.copytree(ENDPOINT_DIR, d)
+    return d
+
+
+def _files(lab, **changes) -> dict:
+    return {"endpoint_tls_cert": str(lab / "192.0.2.10.crt"), "endpoint_tls_key": str(lab / "192.0.2.10.key"),
+            "endpoint_tls_ca": str(lab / "ca.crt"), "endpoint_clients_file": str(lab / "clients"), **changes}
+
+
+def _secret_file(path, text: str, mode: int = 0o600) -> str:
+    path.write_text(text)
+    os.chmod(path, mode)
+    return str(path)
+
+
+# --- 1. Secrets never printed ---------------------------------------------------------------------------------
+
+PASTED = [
+    ("clients file's text as endpoint_clients_file", "endpoint_clients_file", f"alice {KEY_A}\nbob {KEY_B}\n"),
+    ("one `name key` line as endpoint_clients_file", "endpoint_clients_file", f"alice {KEY_B}"),
+    ("the webhook URL as alertmanager_webhook_url_file", "alertmanager_webhook_url_file", WEBHOOK),
+    ("a PEM key as endpoint_tls_key", "endpoint_tls_key", "-----BEGIN PRIVATE KEY-----\n" + KEY_A),
+    ("a PEM block as endpoint_tls_ca", "endpoint_tls_ca", "-----BEGIN PRIVATE KEY----- " + KEY_B),
+    ("a key as endpoint_tls_cert", "endpoint_tls_cert", KEY_B),
+    ("the hub token as model_hub_token_file", "model_hub_token_file", KEY_B),
+]
+
+
+@pytest.mark.parametrize("key,value", [c[1:] for c in PASTED], ids=[c[0] for c in PASTED])
+def test_a_secret_pasted_where_its_file_belongs_is_refused_unseen(key, value):
+    problems = _refused(node_a(**{key: value}))
+    assert ("node-a", key) in problems
+
+
+@pytest.mark.parametrize("key", ["alertmanager_webhok_url_file", "alertmanager_webhook_url", "webhook", "slack_url"])
+def test_a_secret_under_a_misspelled_or_unknown_key_is_refused_unseen(key):
+    problems = _refused(node_a(**{key: WEBHOOK}))
+    assert "no such key" in problems[("node-a", key)]
+
+
+def test_an_unknown_key_with_a_number_still_shows_it():
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(endpoint_prot=8443))
+    assert "key 'endpoint_prot' = 8443: expected no such key (did you mean 'endpoint_port'?" in str(err.value)
+
+
+@pytest.mark.parametrize("content", [f"{KEY_A} alice\n", f"{KEY_B} alice\n", f"alice {KEY_A}\n{KEY_B} bob\n"],
+                         ids=["mixed-case key first", "lower-case key first (a valid name)", "second line swapped"])
+def test_a_clients_file_with_its_columns_swapped_never_shows_the_key(lab, content):
+    clients = _secret_file(lab / "clients", content)
+    problems = _refused(node_a(**_files(lab, endpoint_clients_file=clients)))
+    assert "are the columns swapped?" in problems[("node-a", "endpoint_clients_file")]
+
+
+def _cert(path, *, key=None, issuer_key=None, issuer_name=None, ip="192.0.2.10", algorithm=None, days=30,
+          ca=False) -> tuple[str, object]:
+    key = key or ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer_name or subject)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=days))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if ip:
+        import ipaddress
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]),
+                                        critical=False)
+    cert = builder.sign(issuer_key or key, algorithm or hashes.SHA256())
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    os.chmod(path, 0o600)
+    return str(path), key
+
+
+def _key_file(path, key, password: bytes | None = None) -> str:
+    encryption = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))
+    os.chmod(path, 0o600)
+    return str(path)
+
+
+def _lab_ca(lab):
+    ca_cert = x509.load_pem_x509_certificate((lab / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((lab / "ca.key").read_bytes(), password=None)
+    return ca_cert.subject, ca_key
+
+
+def test_the_lab_cas_private_key_given_as_endpoint_tls_ca_is_refused_and_never_shown(lab):
+    key_text = (lab / "ca.key").read_text()
+    problems = _refused(node_a(**_files(lab, endpoint_tls_ca=str(lab / "ca.key"))),
+                        secrets=tuple(line for line in key_text.splitlines() if "-----" not in line))
+    assert problems == {("node-a", "endpoint_tls_ca"): problems[("node-a", "endpoint_tls_ca")]}
+    assert "certificates only: the file holds a private key" in problems[("node-a", "endpoint_tls_ca")]
+
+
+def test_a_file_that_is_not_a_certificate_is_refused_as_the_ca(lab):
+    shadow = _secret_file(lab / "shadow", "root:$y$j9T$abc:19000:0:99999:7:::\n", 0o640)
+    problems = _refused(node_a(**_files(lab, endpoint_tls_ca=shadow)), secrets=("$y$j9T$abc",))
+    assert "a PEM file of certificates only" in problems[("node-a", "endpoint_tls_ca")]
+
+
+@pytest.mark.parametrize("mode,owner,expected", [
+    (0o666, None, "writable by group or others"),
+    (0o644, 65534, "a file owned by the user running the deploy"),
+])
+def test_a_ca_others_could_change_is_refused(lab, mode, owner, expected):
+    os.chmod(lab / "ca.crt", mode)
+    if owner is not None:
+        if os.geteuid() != 0:
+            pytest.skip("chown needs root (make test runs as root)")
+        os.chown(lab / "ca.crt", owner, -1)
+    assert expected in _refused(node_a(**_files(lab)))[("node-a", "endpoint_tls_ca")]
+
+
+def test_a_secret_file_owned_by_another_user_is_refused(lab):
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root (make test runs as root)")
+    os.chown(lab / "clients", 65534, -1)
+    assert "owned by the user running the deploy" in _refused(node_a(**_files(lab)))[("node-a", "endpoint_clients_file")]
+
+
+def test_a_bad_certificate_is_reported_under_the_certificates_key_not_the_keys(lab):
+    subject, ca_key = _lab_ca(lab)
+    cases = {
+        "the key file as the certificate": ({"endpoint_tls_cert": str(lab / "192.0.2.10.key")}, "endpoint_tls_cert",
+                                             "certificates only"),
+        "a name that is not the endpoint's": (_pair(lab, issuer=(subject, ca_key), ip="192.0.2.99"), "endpoint_tls_cert",
+                                              "subject alternative names hold endpoint_address 192.0.2.10"),
+        "no IP name at all": (_pair(lab, issuer=(subject, ca_key), ip=None), "endpoint_tls_cert", "no IP address"),
+        "another CA's certificate": (_pair(lab), "endpoint_tls_cert", "issued by the CA of endpoint_tls_ca"),
+        "a 1024-bit RSA key": (_pair(lab, issuer=(subject, ca_key), key=rsa.generate_private_key(65537, 1024)),
+                               "endpoint_tls_cert", "a 1024-bit key (2048 bits at least)"),
+        "a SHA-1 signature": (_sha1_pair(lab), "endpoint_tls_cert", "SHA1 is refused"),
+        "out of date": (_pair(lab, issuer=(subject, ca_key), days=-1), "endpoint_tls_cert", "a certificate in date"),
+    }
+    for name, (changes, key, expected) in cases.items():
+        problems = _refused(node_a(**_files(lab, **changes)))
+        assert key in {k for _, k in problems}, name
+        assert "endpoint_tls_key" not in {k for _, k in problems}, (name, problems)
+        assert expected in problems[("node-a", key)], (name, problems)
+
+
+def _sha1_pair(lab) -> dict:
+    """A certificate of the lab CA signed with SHA-1 (cryptography refuses to make one; OpenSSL's CLI still does)."""
+    key = _key_file(lab / "sha1.key", ec.generate_private_key(ec.SECP256R1()))
+    (lab / "san.ext").write_text("subjectAltName=IP:192.0.2.10\n")
+    csr = subprocess.run(["openssl", "req", "-new", "-key", key, "-subj", "/CN=test"], capture_output=True, check=True)
+    subprocess.run(["openssl", "x509", "-req", "-sha1", "-days", "30", "-CA", str(lab / "ca.crt"), "-CAkey",
+                    str(lab / "ca.key"), "-set_serial", "7", "-extfile", str(lab / "san.ext"), "-out",
+                    str(lab / "sha1.crt")], input=csr.stdout, capture_output=True, check=True)
+    os.chmod(lab / "sha1.crt", 0o600)
+    return {"endpoint_tls_cert": str(lab / "sha1.crt"), "endpoint_tls_key": key}
+
+
+def _pair(lab, *, issuer=None, key=None, **cert_args) -> dict:
+    name = f"c{len(os.listdir(lab))}"
+    subject, ca_key = issuer or (None, None)
+    cert, key = _cert(lab / f"{name}.crt", key=key, issuer_key=ca_key, issuer_name=subject, **cert_args)
+    return {"endpoint_tls_cert": cert, "endpoint_tls_key": _key_file(lab / f"{name}.key", key)}
+
+
+def test_a_bad_key_is_reported_under_the_keys_key(lab):
+    cert = str(lab / "192.0.2.10.crt")
+    key = serialization.load_pem_private_key((lab / "192.0.2.10.key").read_bytes(), password=None)
+    cases = {
+        "another certificate's key": (_key_file(lab / "other.key", ec.generate_private_key(ec.SECP256R1())),
+                                      "the private key of endpoint_tls_cert"),
+        "a key with a passphrase": (_key_file(lab / "locked.key", key, b"pass-phrase"), "an unencrypted PEM private key"),
+        "the certificate as the key": (_secret_file(lab / "cert-as-key", (lab / "192.0.2.10.crt").read_text()),
+                                       "one PEM private key and nothing else"),
+    }
+    for name, (path, expected) in cases.items():
+        problems = _refused(node_a(**_files(lab, endpoint_tls_cert=cert, endpoint_tls_key=path)))
+        assert set(problems) == {("node-a", "endpoint_tls_key")}, (name, problems)
+        assert expected in problems[("node-a", "endpoint_tls_key")], name
+
+
+def test_the_lab_ca_tools_files_pass(lab):
+    assert validate_hosts(node_a(**_files(lab)))["node-a"].endpoint_tls_ca == str(lab / "ca.crt")
+
+
+def test_security_docs_say_what_each_control_node_file_must_hold():
+    from deploys.schema.problems import control_file_keys
+
+    text = open("docs/security.md").read()
+    for key in control_file_keys():
+        assert f"`{key}`" in text, key
+
+
+# --- 2. One table of addresses and ports per host ---------------------------------------------------------------
+
+ADDRESSES = [
+    ("endpoint_address", "::1%lo", "without a zone"),
+    ("endpoint_address", "fe80::1%eth0", "without a zone"),
+    ("endpoint_address", "192.0.2.10;} server {listen 80", "an IP address"),
+    ("endpoint_address", "::ffff:0.0.0.0", "not IPv4-mapped"),
+    ("endpoint_address", "::ffff:192.0.2.10", "not IPv4-mapped"),
+    ("api_bind_address", "::1%lo", "without a zone"),
+    ("api_bind_address", "0:0:0:0:0:0:0:1", "canonical form (::1)"),
+    ("api_bind_address", "127.000.000.001", "an IP address"),
+    ("node_exporter_address", "::ffff:127.0.0.1", "not IPv4-mapped"),
+    ("node_exporter_address", "0:0:0:0:0:0:0:1", "canonical form (::1)"),
+    ("node_exporter_address", "2001:DB8::1", "canonical form (2001:db8::1)"),
+    ("fabric_address", "fe80::1%eth0", "without a zone"),
+]
+
+
+@pytest.mark.parametrize("key,value,expected", ADDRESSES, ids=[f"{k}={v}" for k, v, _ in ADDRESSES])
+def test_an_address_is_parsed_once_and_refused_with_a_zone_a_mapping_or_another_spelling(key, value, expected):
+    data = {key: value, "monitoring_enabled": True} if key == "node_exporter_address" else {key: value}
+    hosts = pair_b(data, {}) if key == "fabric_address" else node_a(**data)
+    problems = _refused(hosts)
+    host = "node-b0" if key == "fabric_address" else "node-a"
+    assert expected in problems[(host, key)]
+
+
+def _inventory(tmp_path, body: str):
+    path = tmp_path / f"inv{len(list(tmp_path.glob('inv*.py')))}.py"  # a file each: an inventory is loaded once
+    path.write_text(textwrap.dedent(body))
+    return load_inventory(str(path))
+
+
+@pytest.mark.parametrize("address", ["127.0.0.2", "::1", "127.0.0.1"])
+def test_a_loopback_exporter_address_on_a_watched_node_is_refused(tmp_path, address):
+    a = node_a()["node-a"]
+    inventory = _inventory(tmp_path, f"""
+        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30",
+                                       "endpoint_enabled": False, "monitoring_enabled": True,
+                                       "node_exporter_address": {address!r}}})]
+        monitoring = ["n1"]
+    """)
+    with pytest.raises(InventoryValidationError) as err:
+        validate_inventory(inventory)
+    assert f"host n2: key 'node_exporter_address' = '{address}': expected an address of n2" in str(err.value)
+
+
+def test_two_nodes_naming_one_exporter_address_are_refused():
+    b = {"monitoring_enabled": True, "node_exporter_address": "198.51.100.20"}
+    problems = _refused(pair_b(b, b))
+    assert "it is also node-b1's node_exporter_address" in problems[("node-b0", "node_exporter_address")]
+    assert "it is also node-b0's" in problems[("node-b1", "node_exporter_address")]
+
+
+COLLISIONS = [
+    ("exporter on the head's torch port", pair_b({"monitoring_enabled": True, "node_exporter_port": 29500}, {}),
+     ("node-b0", "node_exporter_port"), "collides with the head's torch rendezvous (it binds every address) (vllm_master_port)"),
+    ("exporter on vLLM's API port", node_a(monitoring_enabled=True, node_exporter_port=8000),
+     ("node-a", "node_exporter_port"), "collides with vLLM's API (api_port) on 127.0.0.1:8000"),
+    ("endpoint on sshd's port", node_a(endpoint_port=22), ("node-a", "endpoint_port"), "collides with sshd (ssh_port)"),
+    ("endpoint on a non-default sshd port", node_a(ssh_port=2222, endpoint_port=2222), ("node-a", "endpoint_port"),
+     "sshd (ssh_port) on every address:2222"),
+    ("exporter on the endpoint's port", node_a(monitoring_enabled=True, node_exporter_address="192.0.2.10",
+                                               node_exporter_port=8000),
+     ("node-a", "node_exporter_port"), "collides with"),
+    ("the fan-out's daemon on vLLM's port", node_a(model_sync_mode="push", model_peer_port=8000,
+                                                   model_peer_address="127.0.0.1"),
+     ("node-a", "model_peer_port"), "collides with vLLM's API"),
+    ("the worker's API is no listener, its sshd is", pair_b({}, {"model_sync_mode": "push", "model_peer_port": 22}),
+     ("node-b1", "model_peer_port"), "collides with sshd"),
+]
+
+
+@pytest.mark.parametrize("hosts,where,expected", [c[1:] for c in COLLISIONS], ids=[c[0] for c in COLLISIONS])
+def test_two_listeners_of_one_host_on_one_port_are_refused_before_any_connection(hosts, where, expected):
+    problems = _refused(hosts)
+    assert where in problems, problems
+    assert expected in problems[where]
+
+
+def test_prometheus_and_alertmanager_join_the_monitoring_hosts_table(tmp_path):
+    a = node_a()["node-a"]
+    for key, port, clash in (("prometheus_port", 8000, "vLLM's API"), ("alertmanager_port", 22, "sshd"),
+                             ("alertmanager_port", 9090, "Prometheus")):
+        inventory = _inventory(tmp_path, f"""
+            one = [("n1", {{**{a!r}, {key!r}: {port}}})]
+            monitoring = ["n1"]
+        """)
+        with pytest.raises(InventoryValidationError) as err:
+            validate_inventory(inventory)
+        problem = next(p for p in err.value.problems if p.key == key)
+        assert problem.host == "n1" and clash in problem.expected
+    # the same ports on a host that runs neither are no collision
+    assert validate_hosts(node_a(prometheus_port=8000, alertmanager_port=22))
+
+
+def test_the_sandbox_one_machine_table_passes_and_a_clash_across_its_nodes_is_named():
+    same = {"fabric_on_one_host": True}
+    ok = validate_hosts(pair_b({"fabric_address": "127.0.1.10", "ssh_port": 2202, **same},
+                               {"fabric_address": "127.0.1.11", "ssh_port": 2203, **same}))
+    assert set(ok) == {"node-b0", "node-b1"}
+    problems = _refused(pair_b({"fabric_address": "127.0.1.10", "ssh_port": 2202, **same},
+                               {"fabric_address": "127.0.1.11", "ssh_port": 2202, **same}))
+    assert "collides with node-b0's sshd" in problems[("node-b1", "ssh_port")]
+
+
+# --- 3. Bounds that agree with the program that reads them ---------------------------------------------------
+
+def test_an_endpoint_burst_nginx_refuses_is_refused_and_the_least_it_takes_renders():
+    assert "greater than or equal to 1" in _refused(node_a(endpoint_rate_burst=0))[("node-a", "endpoint_rate_burst")]
+    cfg = validate_hosts(node_a(endpoint_rate_burst=1))["node-a"]
+    assert "burst=1 nodelay" in render_conf(cfg)
+
+
+def test_a_disk_threshold_beyond_the_bound_is_refused_and_the_largest_renders():
+    assert ("node-a", "alert_model_disk_free_min_gib") in _refused(node_a(alert_model_disk_free_min_gib=1e300))
+    cfg = validate_hosts(node_a(alert_model_disk_free_min_gib=2**20))["node-a"]
+    rule = next(r for r in monitoring.alert_rules(cfg) if r["alert"] == "ModelDiskNearlyFull")
+    assert str(2**50) in rule["expr"]
+
+
+def test_a_host_name_too_long_for_a_file_name_is_refused_and_the_longest_fits():
+    from deploys.schema.cross_host import HOST_NAME_MAX
+
+    long = "n" * (HOST_NAME_MAX + 1)
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts({long: node_a()["node-a"]})
+    assert f"a name of at most {HOST_NAME_MAX} characters" in str(err.value)
+    longest = "n" * HOST_NAME_MAX
+    for name in (monitoring.scrape_key_path(longest), monitoring.ca_path(longest)):
+        assert len(os.path.basename(name).encode()) <= 255
+    assert validate_hosts({longest: node_a()["node-a"]})
+
+
+GO_AND_PYTHON_DISAGREE = [
+    "http://hooks.example.com:abc/x", "http://hooks.example.com:99999/x", "http://hooks%2eexample.com/x",
+    "http://hooks.example.com/a b", "http://hooks.example.com\\@evil/x", "https://hooks.example.com/x#frag",
+    "http://[fe80::1%25eth0]:8080/x", "http://[::1/x", "http://hooks_example.com/x", "http://300.1.1.1/x",
+    "http://hooks.example.com/%zz", "ftp://hooks.example.com/x", "http:///x", "http://hooks.example.com/\"x\"",
+]
+
+
+@pytest.mark.parametrize("url", GO_AND_PYTHON_DISAGREE)
+def test_a_webhook_url_alertmanager_would_read_otherwise_is_refused_unseen(tmp_path, url):
+    path = _secret_file(tmp_path / "url", url + "\n")
+    problems = _refused(node_a(alertmanager_webhook_url_file=path), secrets=(url,))
+    assert ("node-a", "alertmanager_webhook_url_file") in problems
+
+
+@pytest.mark.parametrize("url", ["https://hooks.example.com/services/T0/B0/abc", "http://127.0.0.1:9199/alerts",
+                                 "http://[2001:db8::5]:8080/hook?token=abc%20def", "https://user:pw@h.example/x"])
+def test_ordinary_webhook_urls_pass(tmp_path, url):
+    path = _secret_file(tmp_path / "url", url + "\n")
+    assert validate_hosts(node_a(alertmanager_webhook_url_file=path))
+
+
+def test_monitoring_on_without_a_monitoring_host_is_refused(tmp_path):
+    a = node_a()["node-a"]
+    inventory = _inventory(tmp_path, f"""
+        one = [("n1", {{**{a!r}, "monitoring_enabled": True}})]
+    """)
+    with pytest.raises(InventoryValidationError) as err:
+        validate_inventory(inventory)
+    assert "host n1: key 'monitoring_enabled' = True: expected a host in the inventory group `monitoring`" in str(err.value)
+
+
+def test_the_validate_cli_prints_no_secret(tmp_path):
+    a = node_a()["node-a"]
+    (tmp_path / "inv.py").write_text(textwrap.dedent(f"""
+        one = [("n1", {{**{a!r}, "endpoint_clients_file": "alice {KEY_A}", "alertmanager_webhok_url_file": {WEBHOOK!r}}})]
+    """))
+    out = subprocess.run([sys.executable, "-m", "deploys.validate", str(tmp_path / "inv.py")], capture_output=True,
+                         text=True)
+    assert out.returncode == 1
+    text = out.stdout + out.stderr
+    assert "endpoint_clients_file" in text and "alertmanager_webhok_url_file" in text
+    assert not re.search(f"{KEY_A}|{WEBHOOK_TOKEN}", text)
