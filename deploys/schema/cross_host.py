@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ipaddress
@@ -197,20 +197,43 @@ def validate_hosts(hosts: dict[str, dict[str, Any]], deployed: set[str] | None =
     """
     configs: dict[str, NodeConfig] = {}
     problems: list[Problem] = []
+    outside: list[Problem] = []  # control-node file problems of hosts outside the limit
     for name, data in hosts.items():
         cfg, errs = parse_node(name, data)
-        if deployed is not None and name not in deployed and errs and all(p.gap for p in errs):
+        if deployed is not None and name not in deployed and errs and all(p.gap or p.control_file for p in errs):
+            outside += [p for p in errs if p.control_file]
+            if cfg is not None:  # its keys are right; only its files are not on this control node
+                configs[name] = cfg
             continue
         problems += errs
-        if cfg is not None:
+        if cfg is not None and not errs:
             configs[name] = cfg
     problems += connection_problems(hosts) + machine_problems(hosts)
     if not problems:
         problems = cluster_problems(configs) + listener_problems(
             configs, hosts, {name: ssh_port(data) for name, data in hosts.items()}, watcher)
+    problems += _needed_outside_the_limit(outside, configs, deployed, watcher)
     if problems:
         raise InventoryValidationError(problems)
     return configs
+
+
+def _needed_outside_the_limit(outside: list[Problem], configs: dict[str, NodeConfig], deployed: set[str] | None,
+                              watcher: str | None) -> list[Problem]:
+    """Control-node file problems of hosts outside the limit: warned, unless a host in the run reads that file (the
+    monitoring host reads each scraped head's CA and metrics key), then refused as any other problem."""
+    from pyinfra import logger
+
+    needed = []
+    for problem in outside:
+        cfg = configs.get(problem.host)
+        if (watcher is not None and deployed is not None and watcher in deployed and cfg is not None
+                and cfg.monitoring_enabled and cfg.is_head and cfg.endpoint_enabled):
+            needed.append(replace(problem, expected=f"{problem.expected} (the monitoring host {watcher}, in this "
+                                  "run, reads it)"))
+        else:
+            logger.warning(f"--> {problem} (outside this run's limit: left as it is)")
+    return needed
 
 
 def monitoring_problems(inventory, configs: dict[str, NodeConfig]) -> list[Problem]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -73,6 +74,8 @@ def _as_gaps(host: str, gaps: Any, problems: list[Problem]) -> list[Problem]:
 
 
 def _parse_node(host: str, data: dict[str, Any]) -> tuple[NodeConfig | None, list[Problem]]:
+    """The config, or None when a key is wrong; a host whose keys are right but whose control-node files are not
+    keeps its config beside those problems (a run limited to other hosts may leave it out: deploys/schema/cross_host.py)."""
     unprintable_keys = [key for key, value in data.items() if any(unprintable(s) for s in _strings(value))]
     problems = [Problem(host, key, data[key], UNPRINTABLE) for key in unprintable_keys]
     rest = {k: v for k, v in data.items() if k not in unprintable_keys}
@@ -82,5 +85,6 @@ def _parse_node(host: str, data: dict[str, Any]) -> tuple[NodeConfig | None, lis
         # a required key held back above is "missing" in `rest`: it is already reported
         return None, problems + [p for p in problems_from(host, rest, e, NodeConfig, PYINFRA_KEYS)
                                  if p.key.split("[", 1)[0] not in unprintable_keys]
-    problems += control_file_problems(host, cfg)
-    return (None if problems else cfg), problems
+    if problems:
+        return None, problems
+    return cfg, [replace(p, control_file=True) for p in control_file_problems(host, cfg)]

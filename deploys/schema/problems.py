@@ -99,6 +99,7 @@ class Problem:
     value: Any
     expected: str
     gap: bool = False  # a value the profile's write-up leaves open (profile_gaps), not a wrong one
+    control_file: bool = False  # a control-node file the key names (deploys/schema/control_files.py), not its value
 
     def __str__(self) -> str:
         shown = "<missing>" if self.value is MISSING else shown_value(self.key, self.value)

@@ -151,3 +151,37 @@ def test_validate_render_and_audit_take_the_same_limit(tmp_path):
     empty = _run("pytest", "tests/audit", "--inventory", "inventories/lab.py", "--limit", "gb10-dspak",
                  "--collect-only", "-q", "-p", "no:cacheprovider")
     assert empty.returncode != 0 and "--limit gb10-dspak: no host, group or cluster" in empty.stdout + empty.stderr
+
+
+def test_a_limited_run_from_a_control_node_without_the_other_profiles_files(tmp_path):
+    """A second admin's laptop, a B-only lab copy: profile A's endpoint files are not on this control node. A run
+    limited to B validates, renders and deploys (A's missing files are warned, never a refusal); the whole lab is
+    refused, naming A's keys."""
+    empty = tmp_path / "no-endpoint-files"
+    empty.mkdir()
+    env = {**os.environ, "INFERENCE_NODES_ENDPOINT_DIR": str(empty)}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=120, env=env)
+
+    ok = run("deploys.validate", "inventories/lab.py", "--limit", "gb10-dspark")
+    assert ok.returncode == 0, ok.stderr
+    assert "rtx-pro-a.lab.example: key 'endpoint_tls_cert'" in ok.stderr and "outside this run's limit" in ok.stderr
+    whole = run("deploys.validate", "inventories/lab.py", "--limit", "rtx_pro_6000_pair")
+    assert whole.returncode == 1 and "rtx-pro-a.lab.example: key 'endpoint_clients_file'" in whole.stderr
+    rendered = run("deploys.render", "inventories/lab.py", str(tmp_path / "out"), "--limit", "gb10_dspark")
+    assert rendered.returncode == 0, rendered.stderr
+    assert sorted(os.listdir(tmp_path / "out")) == B
+
+    listeners = {name: Listener() for name in ["rtx-pro-a.lab.example", *B, "spark-c0.lab.example",
+                                               "spark-c1.lab.example"]}
+    lab = _lab_on_listeners(tmp_path, listeners)
+    try:
+        proc = subprocess.run([PYINFRA, "-y", lab, "deploys/all.py", "--limit", "gb10-dspark"], capture_output=True,
+                              text=True, timeout=120, env=env)
+        out = proc.stdout + proc.stderr
+        assert "inventory validation failed" not in out, out
+        assert sorted(n for n, listener in listeners.items() if listener.accepted) == B, out
+    finally:
+        for listener in listeners.values():
+            listener.sock.close()
