@@ -196,6 +196,10 @@ def cluster_launch_digest(members: list[NodeConfig]) -> str:
     return hashlib.sha256(repr(material).encode()).hexdigest()[:16]
 
 
+RESTART_STEPS = 5  # systemd's RestartSteps=: restarts over which the delay grows to RESTART_MAX_DELAY_S
+RESTART_MAX_DELAY_S = 300
+
+
 def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int = 1,
                      members: list[NodeConfig] | None = None) -> str:
     """The `.container` unit of one node. ``head`` is the cluster's rank-0 config; ``nodes`` its size;
@@ -249,8 +253,13 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
     record = (f"mkdir -p {RUN_DIR} && {{ {started}; sha256sum < {STAMP} | cut -d' ' -f1; }} > "
               f"{started_from_path(cfg)}")
     out.append(f"ExecStartPre={command_line(['/bin/sh', '-c', record])}\n")
+    # Restart on any exit, a clean one too: a head's vLLM exits 0 when a worker's connection drops (a worker's
+    # reboot or crash), and a worker's when its head goes; each comes back by itself and the job re-forms with no
+    # converge. The delay grows from RestartSec= to RESTART_MAX_DELAY_S over RESTART_STEPS restarts (systemd
+    # 254+: Ubuntu 24.04, DGX OS 7, Debian 13); an explicit stop (a converge, the deep verify) restarts nothing.
     out += [f"TimeoutStartSec={cfg.service_timeout_start_sec}\n", f"TimeoutStopSec={cfg.service_timeout_stop_sec}\n",
-            "Restart=on-failure\n", f"RestartSec={cfg.service_restart_sec}\n", f"LimitMEMLOCK={memlock}\n",
+            "Restart=always\n", f"RestartSec={cfg.service_restart_sec}\n", f"RestartSteps={RESTART_STEPS}\n",
+            f"RestartMaxDelaySec={max(RESTART_MAX_DELAY_S, cfg.service_restart_sec)}\n", f"LimitMEMLOCK={memlock}\n",
             f"LimitNOFILE={cfg.limits_nofile}\n", f"LimitSTACK={cfg.limits_stack}\n",
             "\n[Install]\n", "WantedBy=multi-user.target\n"]
     return "".join(out)

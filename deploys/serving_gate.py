@@ -137,23 +137,44 @@ def parse_readiness(output: str) -> dict:
     return {**props, "health": health, "journal": journal}
 
 
-def startup_stage(journal: list[str]) -> str:
-    """Where a starting service is, from the last journal line that names a stage ('' when none does)."""
+def startup_stage(journal: list[str], multi_node: bool = True) -> str:
+    """Where a starting service is, from the last journal line that names a stage ('' when none does). A single
+    node never waits for other nodes (its torch rendezvous lines are its own processes)."""
     for line in reversed(journal):
         for stage, pattern in STAGES:
-            if pattern.search(line):
+            if pattern.search(line) and (multi_node or stage != "waiting for the other nodes"):
                 return stage
     return ""
 
 
+# The service's own error lines, most telling first: vLLM's ERROR level (its log lines start with the level), an
+# exception's closing line (`ValueError: ...` after a traceback), the container's exit; then any line that names an
+# error, unless it is a warning (`WARNING ... error` of a ulimit or a deprecation is not why a start failed).
+_ERROR_LINES = (
+    re.compile(r"^\s*(\(\S+ pid=\d+\)\s*)?ERROR\b"),
+    re.compile(r"^\s*([A-Za-z_][\w.]*\.)?[A-Z]\w*(Error|Exception)(: |$)"),
+    re.compile(r"Traceback \(most recent call last\)|exited with (code|status) [1-9]|status=[1-9]\d*/|Main process "
+               r"exited, code=(exited|killed|dumped), status=[1-9]"),
+)
 ERROR_LINE = re.compile(r"\b\w*(Error|Exception)\b|\berror:|Input should be", re.I)
+_WARNING = re.compile(r"^\s*(\(\S+ pid=\d+\)\s*)?(WARNING|WARN|INFO|DEBUG)\b|\bwarning\b", re.I)
+
+
+def first_error(journal: list[str]) -> str | None:
+    """The line that says why the service failed: the first of the most telling kind (see _ERROR_LINES)."""
+    for pattern in (*_ERROR_LINES, ERROR_LINE):
+        found = next((line for line in journal if pattern.search(line) and not _WARNING.search(line)), None)
+        if found:
+            return found
+    return None
 
 
 def journal_told(journal: list[str], lines: int = 15) -> str:
     """The end of a service's journal for a failure message, led by its first error line when that scrolled off
-    (a crash's reason comes before the restart noise)."""
+    (a crash's reason comes before the restart noise); one journal line per line, blank lines dropped."""
+    journal = [line.rstrip() for line in journal if line.strip()]
     tail = journal[-lines:]
-    first = next((line for line in journal if ERROR_LINE.search(line)), None)
+    first = first_error(journal)
     lead = f"; first error: {first.strip()[:400]}" if first and first not in tail else ""
     return f"{lead}; its journal ends:\n" + "\n".join(tail) if journal else f"{lead}; its journal is empty"
 
@@ -199,7 +220,7 @@ def wait_serving(run: Callable[[str], str], cfg: NodeConfig, head: bool, timeout
         if elapsed >= timeout:
             return False, (f"{service} did not answer /health within service_ready_timeout_sec={timeout:g} s "
                            f"({why}){journal_told(now['journal'])}"), now
-        stage = startup_stage(now["journal"])
+        stage = startup_stage(now["journal"], cfg.tensor_parallel_size > len(cfg.gpu_indices))
         if progress and (stage != told or elapsed - told_at >= every):
             progress(f"waiting for {service}: {elapsed:.0f} s, {why}" + (f", {stage}" if stage else ""))
             told, told_at = stage, elapsed

@@ -12,8 +12,10 @@ from pyinfra.api.exceptions import FactProcessError
 
 class ModelVerification(FactBase[dict]):
     """Run the node's verifier (stamp fast path unless ``full`` or no full re-hash is on record) and return
-    its JSON verdict (a full run records its verdict in ``record``). ``plan``: write and hash nothing (what a
-    converge's plan may do: where the stamp cannot vouch, the verdict says ``needs_hash``).
+    its JSON verdict (a full run records its verdict in ``record``; a bad one only over a record of the same manifest:
+    before an upgrade's sync the new commit's files are missing, which says nothing of the release that serves).
+    ``plan``: write and hash nothing (what a converge's plan may do: where the stamp cannot vouch, the verdict says
+    ``needs_hash``).
 
     ``{"ok": False, "not_installed": True}`` until the verifier and manifest are on the node.
     """
@@ -31,7 +33,8 @@ class ModelVerification(FactBase[dict]):
         flags = (" --full" if full else f" $([ {fresh} ] || echo --full)") + (" --plan" if plan else "")
         flags += f" --max-rate {int(max_rate)}" if max_rate else ""
         return (
-            f"if [ -f {v} ] && [ -f {m} ]; then python3 {v} {m} {d} --stamp {s} --record {r} --json --quiet{flags}; "
+            f"if [ -f {v} ] && [ -f {m} ]; then python3 {v} {m} {d} --stamp {s} --record {r} --sync-check --json "
+            f"--quiet{flags}; "
             f"[ $? -le 1 ]; else echo '{{\"ok\": false, \"not_installed\": true}}'; fi"
         )
 

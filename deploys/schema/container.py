@@ -142,7 +142,8 @@ class ContainerKeys(ComponentKeys):
         "kept snapshot links to) and images are pruned after a gate passes", ge=1, le=20,
     )
     service_timeout_stop_sec: int = _key(120, description="`TimeoutStopSec=`", ge=1, le=86400)
-    service_restart_sec: int = _key(30, description="`RestartSec=` after a failure", ge=0, le=86400)
+    service_restart_sec: int = _key(30, description="`RestartSec=`: the first delay before the service restarts "
+                                    "after any exit (it grows to 300 s over 5 restarts)", ge=0, le=86400)
     service_worker_grace_sec: int = _key(
         120, description="multi-node workers: seconds after start before a head that does not answer on "
         "`vllm_master_port` gets the worker killed and restarted (`HealthStartPeriod=`)", ge=10, le=86400,

@@ -314,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="re-hash even when the stamp matches")
     ap.add_argument("--gate", action="store_true", help="stamp check only (service start precondition)")
     ap.add_argument("--record", help="file the verdict of a full re-hash is written to (any verdict)")
+    ap.add_argument("--sync-check", action="store_true",
+                    help="a converge's check before its sync: a bad verdict is recorded only over a record of the "
+                    "same manifest (a new commit's files not there yet say nothing about the release that serves)")
     ap.add_argument("--jobs", type=int)
     ap.add_argument("--every", type=float, default=2.0, metavar="S", help="a progress line at most every S seconds")
     ap.add_argument("--max-rate", type=float, metavar="MB_S", help="cap the read rate (MB/s, all threads)")
@@ -358,7 +361,10 @@ def main(argv: list[str] | None = None) -> int:
                         max_rate=args.max_rate * 1e6 if args.max_rate else None, drop_cold=args.drop_cold,
                         write=not (args.check_only or args.plan), hash_files=not args.plan)
         if args.record and result["mode"] == "full" and not (args.check_only or args.plan):
-            write_record(args.record, result)
+            earlier = read_stamp(args.record) if args.sync_check and not result["ok"] else None
+            if not (args.sync_check and not result["ok"]
+                    and (earlier or {}).get("manifest_digest") != result.get("manifest_digest")):
+                write_record(args.record, result)
     except (OSError, ValueError) as e:
         print(f"verify: {e}", file=sys.stderr)
         return 2

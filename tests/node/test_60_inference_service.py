@@ -280,6 +280,40 @@ def test_a_worker_does_not_outlive_its_head(sandbox):
     assert gate("--limit", "sandbox-b0").returncode == 0
 
 
+def _reformed(head: str, old_container: str, bound: float) -> float:
+    """Seconds until the head runs in a new container, answers /health and passes the serving smoke, with no
+    converge in between (AssertionError after ``bound``)."""
+    t0 = time.monotonic()
+    while container_id(head) in (old_container, ""):
+        assert time.monotonic() - t0 < bound, f"{head} did not restart by itself within {bound:.0f} s"
+        time.sleep(3)
+    while True:
+        wait_ready(head, max(1.0, bound - (time.monotonic() - t0)))
+        if gate("--limit", head).returncode == 0:
+            return time.monotonic() - t0
+        assert time.monotonic() - t0 < bound, f"{head} did not pass the serving smoke within {bound:.0f} s"
+        time.sleep(5)
+
+
+def test_a_pair_heals_itself_after_its_worker_reboots_and_after_its_head_crashes(sandbox):
+    """No converge: a worker's reboot ends the head's job (vLLM exits 0), a killed head ends the worker's; each
+    unit restarts on any exit (Restart=always) and the pair serves again by itself."""
+    head, worker = "sandbox-b0", "sandbox-b1"
+    bound = 900
+    old = container_id(head)
+    assert old and wait_ready(head) >= 0
+    pyinfra(INVENTORY, "server.reboot", "delay=5", "interval=1", "reboot_timeout=180", "--limit", worker)
+    after_reboot = _reformed(head, old, bound)
+    print(f"\n[drill] the pair serves again {after_reboot:.0f} s after its worker's reboot, with no converge")
+    old, old_worker = container_id(head), container_id(worker)
+    assert on_node(head, f"podman kill {CONTAINERS[head]}").returncode == 0
+    after_crash = _reformed(head, old, bound)
+    assert container_id(worker) not in (old_worker, ""), "the worker kept its old job"
+    print(f"[drill] the pair serves again {after_crash:.0f} s after its head's container was killed, with no converge")
+    # nothing for a converge to do afterwards: the pair runs what the inventory says
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", "gb10-dspark")) == []
+
+
 def test_corrupted_shard_keeps_the_service_down_until_repaired(sandbox):
     node = "sandbox-a"  # a single-node profile: a pair would lose its worker as well
     shard = ("/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731/snapshots/"

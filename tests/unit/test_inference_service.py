@@ -82,8 +82,8 @@ def test_golden_deployment_a():
                 "SERVED_MODEL_NAME": "grandpa", "TP_SIZE": "2"}
     assert {k: env.get(k) for k in write_up} == write_up
     service = dict(c["Service"])
-    for key, value in {"TimeoutStartSec": "3600", "TimeoutStopSec": "120", "Restart": "on-failure",
-                       "RestartSec": "30", "LimitMEMLOCK": "infinity", "LimitNOFILE": "1048576",
+    for key, value in {"TimeoutStartSec": "3600", "TimeoutStopSec": "120", "Restart": "always",
+                       "RestartSec": "30", "RestartSteps": "5", "RestartMaxDelaySec": "300", "LimitMEMLOCK": "infinity", "LimitNOFILE": "1048576",
                        "LimitSTACK": "67108864"}.items():
         assert service[key] == value, key
     pre = [v for k, v in c["Service"] if k == "ExecStartPre"]

@@ -454,3 +454,29 @@ def test_a_failure_names_the_first_error_when_it_scrolled_off_the_tail():
     assert told.endswith("noise 19") and "noise 4\n" not in told  # the last 15 lines
     assert journal_told(journal[1:5]).startswith("; its journal ends:\npydantic_core")  # in the tail: said once
     assert journal_told([]) == "; its journal is empty"
+
+
+def test_the_first_error_is_the_services_own_not_a_warning_that_names_an_error():
+    from deploys.serving_gate import first_error, journal_told
+
+    ulimit = "WARNING 12-05 08:00:01 [utils.py:12] soft ulimit for open files is low: error-prone under load"
+    journal = ["INFO 12-05 08:00:00 [api_server.py:1] vLLM API server version 0.21", ulimit,
+               "(EngineCore_DP0 pid=312) ERROR 12-05 08:00:09 [core.py:700] EngineCore failed to start.",
+               "Traceback (most recent call last):", '  File "core.py", line 9, in run',
+               "ValueError: Input should be less than or equal to 1", *[f"noise {i}" for i in range(20)]]
+    assert first_error(journal) == journal[2]
+    assert first_error([ulimit, *journal[3:]]) == "ValueError: Input should be less than or equal to 1"
+    assert first_error([ulimit, "Main process exited, code=exited, status=1/FAILURE"]).startswith("Main process")
+    assert first_error([ulimit]) is None
+    told = journal_told([line + "\n" for x in journal for line in (x, "")])
+    assert told.startswith("; first error: (EngineCore_DP0 pid=312) ERROR")
+    assert "\n\n" not in told, "one journal line per line"
+
+
+def test_a_single_node_never_says_it_waits_for_other_nodes():
+    from deploys.serving_gate import startup_stage
+
+    journal = ["INFO world_size=2 rank=0 local_rank=0 distributed_init_method=tcp://127.0.0.1:4242"]
+    assert startup_stage(journal, multi_node=False) == ""
+    assert startup_stage(journal, multi_node=True) == "waiting for the other nodes"
+    assert startup_stage(["Loading weights took 3 s", *journal], multi_node=False) == "loading weights"

@@ -439,3 +439,31 @@ def test_a_plan_writes_and_hashes_nothing(snap, tmp_path):
     assert open(snap["stamp"]).read() == stamp and record.read_text() == recorded, "the plan wrote nothing"
     written = subprocess.run(cli, capture_output=True, text=True, timeout=120)  # what the run then executes
     assert written.returncode == 1 and not os.path.exists(snap["stamp"]) and f"HASH {shard}" in written.stdout
+
+
+def test_a_sync_check_of_a_new_commit_records_no_verdict_about_the_live_release(snap, tmp_path):
+    """A converge's check before an upgrade's sync finds the new commit's files missing: that says nothing of the
+    release that serves, so the deep-verify record (what DeepVerifyBad reads) keeps the live release's verdict. A
+    bad verdict about the same manifest (a repair's first check) is recorded; so is a good one about any."""
+    record = tmp_path / "record.json"
+    base = [sys.executable, VERIFIER, "--stamp", snap["stamp"], "--record", str(record), "--quiet", "--full"]
+    assert subprocess.run([*base, snap["manifest_path"], snap["dir"]], capture_output=True).returncode == 0
+    live = json.loads(record.read_text())
+    assert live["verdict"] == "ok"
+    upgrade = dict(snap["manifest"], commit="9e165c30e2704aec5d9d593cce3eebd58bbef1cb")
+    (tmp_path / "new.json").write_text(json.dumps(upgrade))
+    empty = tmp_path / "new-commit"
+    empty.mkdir()
+    check = [*base, "--sync-check", str(tmp_path / "new.json"), str(empty)]
+    assert subprocess.run(check, capture_output=True).returncode == 1
+    assert json.loads(record.read_text()) == live, "the new commit's missing files were recorded as the verdict"
+    # without --sync-check (the deep verify's own run) any verdict is recorded
+    assert subprocess.run([c for c in check if c != "--sync-check"], capture_output=True).returncode == 1
+    assert json.loads(record.read_text())["verdict"] == "bad"
+    # the live manifest again: a good verdict replaces the bad one; then a bad file of the same manifest is recorded
+    assert subprocess.run([*base, "--sync-check", snap["manifest_path"], snap["dir"]], capture_output=True).returncode == 0
+    assert json.loads(record.read_text())["verdict"] == "ok"
+    blob = _blob(snap, "model-00001-of-00003.safetensors")
+    _flip_keeping_stat(blob, os.path.getsize(blob) // 2)
+    assert subprocess.run([*base, "--sync-check", snap["manifest_path"], snap["dir"]], capture_output=True).returncode == 1
+    assert json.loads(record.read_text())["verdict"] == "bad"
