@@ -27,6 +27,8 @@ test: venv sandbox-deps
 
 unit: venv
 	$(NODE_SH) promtool >/dev/null
+	$(NODE_SH) nginx >/dev/null
+	$(NODE_SH) amtool >/dev/null
 	$(BIN)/python -m pytest tests/unit
 
 # Boot the sandbox nodes, converge them with the real entry point (it ends once every head passed the serving

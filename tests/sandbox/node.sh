@@ -5,6 +5,7 @@
 #   node.sh deps                  install the host packages the harness needs (and keep Debian's
 #                                 docker-registry service off: the harness runs its own on 127.0.0.1)
 #   node.sh promtool              unpack (or reuse) promtool from the distribution's package; prints its path
+#   node.sh nginx | amtool        the same for nginx and amtool (the unit tier's checks of rendered files)
 #   node.sh build                 build (or reuse) the cached rootfs tarball
 #   node.sh up NAME PORT [GPUS] [FABRIC_ADDR] [DRIVER]
 #                                 boot a fresh node from the tarball (idempotent while it runs); GPUS =
@@ -55,18 +56,25 @@ deps() {
   return $rc
 }
 
-# promtool (checks Prometheus configurations and alert rules; the unit tier's rules tests run it) taken out of the
-# distribution's package without installing it: the prometheus package would start a server on every address here.
-PROMTOOL=$SANDBOX_DIR/tools/promtool
-promtool() {
-  [ -x "$PROMTOOL" ] && { echo "$PROMTOOL"; return 0; }
-  local w; w=$(mktemp -d); mkdir -p "$(dirname "$PROMTOOL")"
-  ( cd "$w" && { apt-get download -qq promtool 2>/dev/null || apt-get download -qq prometheus 2>/dev/null \
-      || { apt-get update -qq && { apt-get download -qq promtool 2>/dev/null || apt-get download -qq prometheus; }; }; } ) >&2
+# Programs the unit tier hands rendered files to, taken out of the distribution's package without installing it (the
+# packages would start servers on every address here): promtool (Prometheus configurations and alert rules), nginx
+# (`nginx -t` of endpoint configurations), amtool (Alertmanager configurations).
+# deb_tool NAME PACKAGE... PATH_IN_PACKAGE: unpack (or reuse) $SANDBOX_DIR/tools/NAME from the first package that
+# downloads; prints its path.
+deb_tool() {
+  local name=$1 inside=${!#} tool=$SANDBOX_DIR/tools/$1; shift
+  local packages=("${@:1:$#-1}")
+  [ -x "$tool" ] && { echo "$tool"; return 0; }
+  local w p; w=$(mktemp -d); mkdir -p "$(dirname "$tool")"
+  ( cd "$w" && for p in "${packages[@]}"; do apt-get download -qq "$p" 2>/dev/null && exit 0; done
+    apt-get update -qq && for p in "${packages[@]}"; do apt-get download -qq "$p" && exit 0; done; exit 1 ) >&2
   for d in "$w"/*.deb; do dpkg-deb -x "$d" "$w/x"; done
-  install -m 0755 "$w/x/usr/bin/promtool" "$PROMTOOL.tmp" && mv -f "$PROMTOOL.tmp" "$PROMTOOL"
-  rm -rf "$w"; echo "$PROMTOOL"
+  install -m 0755 "$w/x$inside" "$tool.tmp" && mv -f "$tool.tmp" "$tool"
+  rm -rf "$w"; echo "$tool"
 }
+promtool() { deb_tool promtool promtool prometheus /usr/bin/promtool; }
+nginx_tool() { deb_tool nginx nginx /usr/sbin/nginx; }
+amtool() { deb_tool amtool prometheus-alertmanager /usr/bin/amtool; }
 
 # Debian's docker-registry package enables its own daemon (systemd unit and init script) on :5000, every
 # interface, with its own config, on the next boot of this machine. The harness only needs the binary: its
@@ -484,8 +492,10 @@ down() {
 down_all() { local d; for d in "$SANDBOX_DIR"/run/*/; do [ -d "$d" ] && down "$(basename "$d")"; done; stop_standins; }
 
 case ${1:-} in
-  deps) deps; promtool >/dev/null ;;
+  deps) deps; promtool >/dev/null; nginx_tool >/dev/null; amtool >/dev/null ;;
   promtool) promtool ;;
+  nginx) nginx_tool ;;
+  amtool) amtool ;;
   build) deps; build ;;
   up) [ $# -ge 3 ] || { echo "usage: $0 up NAME PORT [GPUS] [FABRIC_ADDR] [DRIVER]" >&2; exit 2; }
       up "$2" "$3" "${4:-1}" "${5:--}" "${6:--}" ;;

@@ -415,3 +415,114 @@ def test_the_validate_cli_prints_no_secret(tmp_path):
     text = out.stdout + out.stderr
     assert "endpoint_clients_file" in text and "alertmanager_webhok_url_file" in text
     assert not re.search(f"{KEY_A}|{WEBHOOK_TOKEN}", text)
+
+
+# --- The consumer itself: nginx reads the endpoint's configuration at the bounds validation admits ----------------
+
+NGINX = os.path.join(os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox"), "tools", "nginx")
+
+
+@pytest.fixture(scope="module")
+def nginx() -> str:
+    if os.geteuid() != 0:
+        pytest.skip("nginx -t in a network namespace of its own needs root (make test runs as root)")
+    if not os.access(NGINX, os.X_OK):
+        pytest.fail(f"no nginx at {NGINX}: run `tests/sandbox/node.sh nginx` (make test and make unit do)")
+    return NGINX
+
+
+def nginx_t(nginx: str, tmp_path, cfg) -> subprocess.CompletedProcess:
+    """`nginx -t` of the rendered configuration, its node paths moved under ``tmp_path`` (the files it includes and
+    reads: the client maps, the certificate and key, its pid, temp and log places)."""
+    from deploys import endpoint
+    from deploys.endpoint import read_clients, render_maps
+
+    root = tmp_path / "node"
+    conf = render_conf(cfg)
+    for node_dir in (endpoint.DIR, "/run/inference-nodes-endpoint", "/var/cache/inference-nodes-endpoint",
+                     "/var/log/inference-nodes-endpoint"):
+        (root / node_dir.strip("/")).mkdir(parents=True, exist_ok=True)
+        conf = conf.replace(node_dir + "/", f"{root}{node_dir}/")
+    clients_map, monitor_map = render_maps(cfg, read_clients(cfg.endpoint_clients_file))
+    (root / endpoint.CLIENTS_MAP.strip("/")).write_text(clients_map)
+    (root / endpoint.MONITOR_MAP.strip("/")).write_text(monitor_map)
+    shutil.copy(cfg.endpoint_tls_cert, root / endpoint.CERT.strip("/"))
+    shutil.copy(cfg.endpoint_tls_key, root / endpoint.KEY.strip("/"))
+    (root / "nginx.conf").write_text(conf)
+    # `nginx -t` binds its listen address: in a network namespace of its own that has the endpoint's address
+    family = "-6" if ":" in cfg.endpoint_address else "-4"
+    script = (f"ip link set lo up && ip {family} addr add {cfg.endpoint_address} dev lo nodad 2>/dev/null || "
+              f"ip {family} addr add {cfg.endpoint_address} dev lo; exec \"$0\" \"$@\"")
+    return subprocess.run(["unshare", "-n", "sh", "-c", script, nginx, "-t", "-p", str(root), "-e", "stderr", "-c",
+                           str(root / "nginx.conf")], capture_output=True, text=True, timeout=60)
+
+
+EDGES = [
+    ("every bound at its least", dict(endpoint_rate_burst=1, endpoint_rate_per_minute=1, endpoint_max_body_mb=1,
+                                      endpoint_read_timeout_s=60, endpoint_send_timeout_s=60, endpoint_port=1)),
+    ("every bound at its most", dict(endpoint_rate_burst=100_000, endpoint_rate_per_minute=1_000_000,
+                                     endpoint_max_body_mb=4096, endpoint_read_timeout_s=86400,
+                                     endpoint_send_timeout_s=86400, endpoint_port=65535)),
+    ("every route", dict(endpoint_routes=["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses",
+                                          "/v1/embeddings", "/tokenize", "/detokenize"], endpoint_metrics_client=None)),
+    ("an IPv6 endpoint before an IPv6 loopback API", dict(endpoint_address="2001:db8::10", api_bind_address="::1")),
+]
+
+
+@pytest.mark.parametrize("changes", [c[1] for c in EDGES], ids=[c[0] for c in EDGES])
+def test_nginx_reads_the_endpoint_configuration_at_every_bound_validation_admits(nginx, lab, tmp_path, changes):
+    from deploys.endpoint_ca import endpoint_certificate
+
+    files = _files(lab)
+    if ":" in changes.get("endpoint_address", ""):  # (its file names hold ':': copied to names a path key takes)
+        cert, key = endpoint_certificate(str(lab), changes["endpoint_address"], [])
+        shutil.copy(cert, lab / "v6.crt")
+        shutil.copy(key, lab / "v6.key")
+        files.update(endpoint_tls_cert=str(lab / "v6.crt"), endpoint_tls_key=str(lab / "v6.key"))
+    cfg = validate_hosts(node_a(**files, **changes))["node-a"]
+    out = nginx_t(nginx, tmp_path, cfg)
+    assert out.returncode == 0, out.stderr
+    assert "test is successful" in out.stderr
+
+
+def test_nginx_refuses_the_burst_validation_refuses(nginx, lab, tmp_path):
+    """The bound's reason, shown on the consumer: a burst of 0 is what nginx itself refuses."""
+    cfg = validate_hosts(node_a(**_files(lab)))["node-a"].model_copy(update={"endpoint_rate_burst": 0})
+    out = nginx_t(nginx, tmp_path, cfg)
+    assert out.returncode != 0 and "burst" in out.stderr
+
+
+AMTOOL = os.path.join(os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox"), "tools", "amtool")
+
+
+@pytest.fixture(scope="module")
+def amtool() -> str:
+    if not os.access(AMTOOL, os.X_OK):
+        pytest.fail(f"no amtool at {AMTOOL}: run `tests/sandbox/node.sh amtool` (make test and make unit do)")
+    return AMTOOL
+
+
+def amtool_check(amtool: str, tmp_path, url: str) -> subprocess.CompletedProcess:
+    cfg = validate_hosts(node_a())["node-a"]
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(monitoring.render_alertmanager(cfg, url))
+    return subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("url", ["https://hooks.example.com/services/T0/B0/abc", "http://127.0.0.1:9199/alerts",
+                                 "http://[2001:db8::5]:8080/hook?token=abc%20def", "https://user:pw@h.example/x"])
+def test_alertmanager_reads_every_webhook_url_validation_passes(amtool, tmp_path, url):
+    out = amtool_check(amtool, tmp_path, url)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("url", ["http://hooks.example.com:abc/x", "http://hooks%2eexample.com/x",
+                                 "http://hooks.example.com/%zz"])
+def test_urls_python_takes_and_alertmanager_refuses_are_the_ones_validation_refuses(amtool, tmp_path, url):
+    from urllib.parse import urlsplit
+
+    urlsplit(url)  # Python's parser takes it
+    assert amtool_check(amtool, tmp_path, url).returncode != 0
+    path = _secret_file(tmp_path / "url", url + "\n")
+    assert ("node-a", "alertmanager_webhook_url_file") in _refused(node_a(alertmanager_webhook_url_file=path),
+                                                                   secrets=(url,))
