@@ -402,7 +402,20 @@ def release_of(cfg: NodeConfig, unit_fingerprint: str) -> dict:
             manifest = hashlib.sha256(f.read()).hexdigest()
     return {"release": content_fingerprint(unit_fingerprint, manifest or "")[:16], "image": cfg.image_ref,
             "model_repo": cfg.model_repo, "model_revision": cfg.model_revision, "manifest_sha256": manifest,
-            "unit": unit_fingerprint}
+            "unit": unit_fingerprint, **release_api(cfg)}
+
+
+def release_api(cfg: NodeConfig) -> dict:
+    """Where a release answers and under which name: kept with it, so a rollback gates the release it restored
+    where that one listens (a failed release may have changed the port, address or name)."""
+    return {"api_bind_address": cfg.api_bind_address, "api_port": cfg.api_port,
+            "served_model_name": served_model_name(cfg)}
+
+
+def as_released(cfg: NodeConfig, model: str, release: dict) -> tuple[NodeConfig, str]:
+    """``cfg`` and the served name as ``release`` recorded them (a release kept before they were recorded: as now)."""
+    api = {k: release[k] for k in ("api_bind_address", "api_port") if release.get(k) is not None}
+    return cfg.model_copy(update=api), release.get("served_model_name") or model
 
 
 RELEASES_DIR = "/var/lib/inference-nodes/releases"
@@ -610,7 +623,8 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
         if not back:
             return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, but worker "
                                      f"{member.host.name} does not run it: {why_back}")
-    back, why_back, now_back = _serves(host, cfg, head, model, me.run, progress, me.sudo)
+    cfg_back, model_back = as_released(cfg, model, good)  # gated where the restored release listens, by its name
+    back, why_back, now_back = _serves(host, cfg_back, head, model_back, me.run, progress, me.sudo)
     if back or "serving gate" in why_back:
         write_verdict(back, good)
     if not back:

@@ -430,13 +430,17 @@ def test_showing_the_plan_of_a_revision_bump_changes_nothing_on_the_node(sandbox
 def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_back(sandbox, tmp_path):
     """An upgrade to the stand-in hub's scrambled commit: its files are the pinned ones, the service answers HTTP 200
     with nonsense. The converge's own gate fails on coherence, the node goes back to its last good release (unit,
-    environment, manifest, stamp; the good snapshot was synced beside, never touched) and says so."""
+    environment, manifest, stamp; the good snapshot was synced beside, never touched) and says so. The failed release
+    also moved the API to another port: the rollback is gated where the restored release listens."""
     node = "sandbox-a"
     good_snapshot = on_node(node, "inference-nodes-model-gate").stdout
     manifest = f"{SANDBOX_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{BROKEN_COMMIT}.json"
-    broken = ["--limit", node, "--data", f"model_revision={BROKEN_COMMIT}", "--data", f"model_manifest={manifest}"]
+    broken = ["--limit", node, "--data", f"model_revision={BROKEN_COMMIT}", "--data", f"model_manifest={manifest}",
+              "--data", "api_port=8104"]
     converge = pyinfra(INVENTORY, "deploys/all.py", *broken, check=False)
     assert converge.returncode == 1, converge.stderr[-3000:]
+    assert "which failed too" not in converge.stderr, converge.stderr[-3000:]
+    assert wait_ready(node, 60) >= 0, "the restored release answers on its own port (8101)"
     assert f"{node}: grandpa.service answers /health but failed the serving gate: " in converge.stderr
     assert "coherence: answer:" in converge.stderr and "its journal ends:" in converge.stderr, converge.stderr[-3000:]
     assert f"{node}: rolled back: grandpa.service serves the last good release " in converge.stderr, converge.stderr[-3000:]

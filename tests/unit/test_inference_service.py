@@ -493,3 +493,19 @@ def test_the_argument_check_runs_with_least_privilege_unless_the_inventory_says_
     assert {"--network=none", "--cap-drop=all", "--security-opt=no-new-privileges"} <= set(argv)
     nested = b0.model_copy(update={"vllm_args_check_network": "host"})  # the sandbox's nodes are containers
     assert "--network=host" in args_check_command(nested, vllm_argv(nested, nested, 2))
+
+
+def test_a_rollback_is_gated_where_the_restored_release_listens_and_by_its_name():
+    """A failed release that moved the API's port or renamed the model: the release a rollback restores is gated
+    with the port, address and name recorded with it; a release kept before they were recorded, as now."""
+    from deploys.inference_service import as_released, release_of
+
+    cfg = LAB["rtx-pro-a.lab.example"]
+    good = release_of(cfg, "f" * 64)
+    assert (good["api_bind_address"], good["api_port"], good["served_model_name"]) == ("127.0.0.1", 8000, "grandpa")
+    failed = cfg.model_copy(update={"api_port": 8104, "served_model_name": "renamed"})
+    back, model = as_released(failed, "renamed", good)
+    assert (back.api_bind_address, back.api_port, model) == ("127.0.0.1", 8000, "grandpa")
+    old = {k: v for k, v in good.items() if k not in ("api_bind_address", "api_port", "served_model_name")}
+    back, model = as_released(failed, "renamed", old)
+    assert (back.api_port, model) == (8104, "renamed")
