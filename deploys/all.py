@@ -1,13 +1,14 @@
 """Entry point: `pyinfra -y inventories/lab.py deploys/all.py`.
 
-Order: validate -> preflight -> package manager (lock wait, dpkg repair) -> NVIDIA driver -> container
-runtime -> host tuning -> model snapshot -> model integrity (deep verify timer) -> inference service -> endpoint (heads)
+Order: validate -> preflight -> release asked for (not one that failed here) -> package manager (lock wait, dpkg
+repair) -> NVIDIA driver -> container runtime -> host tuning -> model snapshot -> model integrity (deep verify timer) -> inference service -> endpoint (heads)
 -> node metrics -> monitoring host (Prometheus and Alertmanager on the host of the group `monitoring`).
 """
 
 from deploys.apt_state import package_manager_ready
 from deploys.container_runtime import container_runtime
 from deploys.endpoint import endpoint
+from deploys.failed_release import release_asked
 from deploys.host_tuning import host_tuning
 from deploys.inference_service import inference_service
 from deploys.model.integrity import model_integrity
@@ -21,6 +22,7 @@ from deploys.validate import validate
 ssh_without_delay()  # pyinfra has connected: each node's SSH socket sends at once from here on
 validate()
 preflight()
+release_asked()
 package_manager_ready()
 nvidia_driver()
 container_runtime()

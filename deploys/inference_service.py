@@ -28,6 +28,7 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy
 from pyinfra.facts.files import Directory, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
 
+from deploys.failed_release import failure_record, forget_command, record_command
 from deploys.model import integrity as model_integrity
 from deploys.host_tuning import render_fabric_env
 from deploys.run.reads import expect, operation, read, run_on
@@ -596,7 +597,8 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
         write_verdict(ok, release)
     if ok:
         passed = passed_record(release, now)
-        if not (all(m.ok(save_good_command(m.cfg, passed)) for m in [*members, me]) and write_record(passed)):
+        if not (all(m.ok(f"{save_good_command(m.cfg, passed)} && {forget_command(m.cfg)}") for m in [*members, me])
+                and write_record(passed)):
             return host_failed(host, f"{host.name}: the serving gate passed, but the release could not be kept "
                                      f"({record}, {good_release_dir(cfg)})")
         progress(f"{why}: {release_named(release)}, kept as the last good release"
@@ -606,6 +608,10 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
     policy = cfg.failed_release_policy
     if not head:
         return host_failed(host, failure)
+    # remembered on every member: the next converge does not switch the cluster to it again (deploys/failed_release.py)
+    remembered = failure_record(release, why)
+    for member in [me, *members]:
+        member.ok(record_command(member.cfg, remembered))
     if policy == "keep":
         return host_failed(host, f"{failure}\n{host.name}: {service} left as it is (failed_release_policy=keep)")
     if policy == "stop":

@@ -18,6 +18,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import OsRelease
 
 from deploys.apt_sources import sources_args
+from deploys.failed_release import failed_release_path
 from deploys.run.reads import expect, operation, read
 from deploys.host_tuning import host_shm_problem
 from deploys.inventory import cluster_member_names, node_config
@@ -27,7 +28,7 @@ from deploys.nvidia_driver import packages_differ_message
 from deploys.run.state import kept
 from deploys.schema import NodeConfig
 from facts.apt import AptSourcesNaming
-from facts.containers import PodmanVersion
+from facts.containers import JsonRecord, PodmanVersion
 from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources, NodeResourcesDict
 from facts.nvidia import (KernelPackages, NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, SecureBoot,
                           driver_state)
@@ -201,6 +202,7 @@ def preflight():
             (ExistingPaths, {"paths": tuple(cfg.container_devices)}), (ExistingPaths, {"paths": (NVSWITCH,)}),
             (SecureBoot, {}), (PodmanVersion, {}),
             (OsRelease, {}),  # the driver deploy reads it while preparing (its repo path): no round trip of its own
+            (JsonRecord, {"path": failed_release_path(cfg)}),  # the next step's (deploys/failed_release.py) likewise
             (AptSourcesNaming, sources_args(cfg))])
     res = read(host, NodeResources, **resources)
     shm_bytes = read(host, MountSizeBytes, path="/dev/shm")

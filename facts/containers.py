@@ -166,6 +166,20 @@ class GatePassed(FactBase[GatePassedDict]):
         return {"release": release if isinstance(release, dict) else None, "invocation": now or None}
 
 
+class JsonRecord(FactBase[dict]):
+    """A JSON object the toolkit keeps on the node (``{}``: none, or not an object: a damaged record is none)."""
+
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> dict:
+        try:
+            record = json.loads("\n".join(output)) if "".join(output).strip() else {}
+        except ValueError:
+            return {}
+        return record if isinstance(record, dict) else {}
+
+
 class ReleasesOnDiskDict(TypedDict):
     history: int         # how many releases passed the gate on this node (0: none, nothing is pruned)
     paths: list[str]     # model paths pruning would delete now (commits, cache blobs)

@@ -136,6 +136,11 @@ class ContainerKeys(ComponentKeys):
         "the node), restarts it, workers first, and gates it again; `stop` stops the service; `keep` leaves it as it "
         "is. The host fails in every case, saying which",
     )
+    retry_failed_release: bool = _key(
+        False, description="switch to the release the inventory asks for even though it failed on this cluster "
+        "before (a failed release is remembered on every member, and a converge refuses to switch to it again: "
+        "`--data retry_failed_release=true` once, after fixing what failed outside the inventory)",
+    )
     releases_kept: int = _key(
         2, description="how many of the newest releases that passed the serving gate keep their model commit and "
         "image on the node (the one serving among them); older commits (`hf_cache`: their snapshots, and blobs no "

@@ -441,6 +441,15 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     assert converge.returncode == 1, converge.stderr[-3000:]
     assert "which failed too" not in converge.stderr, converge.stderr[-3000:]
     assert wait_ready(node, 60) >= 0, "the restored release answers on its own port (8101)"
+    # the failed release is remembered: the same converge again is refused before anything changes on the node (no
+    # download, no re-hash, no restart), naming it, when and why it failed, and how to try it again
+    pid = main_pid(node)
+    again = pyinfra(INVENTORY, "deploys/all.py", *broken, check=False)
+    assert again.returncode == 1, again.stderr[-3000:]
+    assert f"{node}: the inventory asks for release " in again.stderr and "which failed here at " in again.stderr
+    assert "failed the serving gate" in again.stderr and "--data retry_failed_release=true" in again.stderr
+    assert "model sync" not in again.stderr and "verify:" not in again.stderr, again.stderr[-3000:]
+    assert main_pid(node) == pid, "the refused converge restarted the service"
     assert f"{node}: grandpa.service answers /health but failed the serving gate: " in converge.stderr
     assert "coherence: answer:" in converge.stderr and "its journal ends:" in converge.stderr, converge.stderr[-3000:]
     assert f"{node}: rolled back: grandpa.service serves the last good release " in converge.stderr, converge.stderr[-3000:]
