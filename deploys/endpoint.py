@@ -118,6 +118,21 @@ def render_maps(cfg: NodeConfig, clients: dict[str, str]) -> tuple[str, str]:
     return header + lines((n, k) for n, k in clients.items() if n != cfg.endpoint_metrics_client), header + lines(monitor)
 
 
+RETRY_AFTER_S = 30  # what a client is told to wait while the door is closed
+CLOSED_BODY = ('{"error": {"message": "the service is switching to another release; try again shortly", '
+               '"type": "service_unavailable", "code": 503}}')
+
+
+CLOSED_DIR = "/var/lib/inference-nodes-endpoint"  # 0755 root: nginx's workers (www-data) must see into it
+
+
+def closed_flag_path(cfg: NodeConfig) -> str:
+    """While this file exists, the endpoint answers every API route with a JSON 503 (`Retry-After`): a converge
+    creates it before it restarts the head and removes it once a release passed the serving gate (persistent: a
+    reboot in between keeps the door closed until a converge gates what runs)."""
+    return f"{CLOSED_DIR}/{cfg.container_name}.closed"
+
+
 def render_conf(cfg: NodeConfig) -> str:
     """nginx's whole configuration for the endpoint. Every value is a validated number, address or route."""
     upstream = f"{url_host(cfg.api_bind_address)}:{cfg.api_port}"
@@ -125,6 +140,7 @@ def render_conf(cfg: NodeConfig) -> str:
         f"""
         location = {route} {{
             if ($endpoint_client = "") {{ return 401; }}
+            if (-f {closed_flag_path(cfg)}) {{ add_header Retry-After {RETRY_AFTER_S} always; return 503 '{CLOSED_BODY}'; }}
             limit_except {ENDPOINT_ROUTES[route]} {{ deny all; }}
             limit_req zone=endpoint_clients burst={cfg.endpoint_rate_burst} nodelay;
             proxy_pass http://vllm;
@@ -192,6 +208,7 @@ http {{
         proxy_request_buffering off;
         proxy_read_timeout {cfg.endpoint_read_timeout_s}s;
         proxy_send_timeout {cfg.endpoint_send_timeout_s}s;
+        default_type application/json;  # what nginx answers itself (the closed door's JSON); vLLM's own types pass
 {routes}
         location = /health {{
             if ($endpoint_client = "") {{ return 401; }}

@@ -36,12 +36,13 @@ from deploys.inventory import cluster_member_names, node_cluster, node_config
 from deploys.model.snapshot import GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER
 from deploys.ops import (atomic_put, directory_present, cluster_all_here, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
                          follow_up_stamp, host_failed, secret_file, uses_sudo)
-from deploys.serving_gate import (failed_checks, gate_checks, gate_command, journal_told, parse_readiness, readiness_command,
-                                  wait_serving)
+from deploys.endpoint import closed_flag_path
+from deploys.serving_gate import (api_url, failed_checks, gate_checks, gate_command, journal_told, parse_readiness,
+                                  readiness_command, wait_serving)
 from deploys.unit_text import command_line, env_file_line
 from deploys.schema import NodeConfig, cluster_head, cluster_of
 from facts.containers import GatePassed, ReleasesOnDisk, ServiceStartedFrom
-from facts.host import ManagedFiles
+from facts.host import ExistingPaths, ManagedFiles
 from files import helper_path
 from files.model_snapshot.snapshot_manifest import KEPT_TREES
 
@@ -382,6 +383,57 @@ def service_current(service: str, started_from: str, fingerprint: str, record: s
     yield StringCommand("systemctl", "restart" if running else "start", service)
 
 
+# Waits for a head's requests in flight to finish (its vLLM's own gauge, summed over models), at most BOUND seconds;
+# prints how many still run then.
+DRAIN = ("import sys, time, urllib.request as u\n"
+         "url, bound, t0 = sys.argv[1], float(sys.argv[2]), time.monotonic()\n"
+         "while True:\n"
+         "    try:\n"
+         "        text = u.urlopen(url, timeout=5).read().decode()\n"
+         "        n = sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith('vllm:num_requests_running'))\n"
+         "    except Exception:\n"
+         "        n = 0\n"
+         "    if n <= 0 or time.monotonic() - t0 >= bound:\n"
+         "        print(int(n), round(time.monotonic() - t0))\n"
+         "        break\n"
+         "    time.sleep(1)\n")
+
+
+def _drain(state, host, cfg: NodeConfig) -> bool:
+    ok, out = run_on(host, StringCommand("python3", "-c", QuoteString(DRAIN), f"{api_url(cfg)}/metrics",
+                                         str(cfg.endpoint_drain_s)), **({"_sudo": True} if uses_sudo(host) else {}))
+    left, waited = (out.stdout.split() + ["?", "?"])[:2] if ok else ("?", "?")
+    host.log_styled(f"closed the endpoint to new requests (JSON 503, Retry-After); "
+                    + ("no request in flight" if left == "0" and waited == "0" else
+                       f"requests in flight finished after {waited} s" if left == "0" else
+                       f"{left} request(s) still in flight after endpoint_drain_s={cfg.endpoint_drain_s} s: the "
+                       "restart cuts them"), log_func=logger.info)
+    return True
+
+
+@operation()
+def endpoint_closed_for_the_switch(service: str, started_from: str, fingerprint: str, flag: str):
+    """A head whose service is about to restart (``restart_reason``) closes its endpoint to new API requests first
+    (the flag nginx answers a JSON 503 for) and lets the requests in flight finish, at most ``endpoint_drain_s``:
+    clients never get an answer from a release that has not passed the gate, nor a cut stream while it can be
+    helped. Opened again once a release passed (``_wait_and_gate``, or ``service_serving`` on a later converge).
+
+    + service: the generated service name
+    + started_from: the file the unit writes at each start
+    + fingerprint: hash of the rendered unit and fabric env
+    + flag: the endpoint's closed-door flag (``closed_flag_path``)
+    """
+    running = read(host, SystemdStatus, services=[service]).get(service)
+    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
+    if restart_reason(running, start, fingerprint) is None:
+        host.noop(f"{service} is not restarted: its endpoint stays as it is")
+        return
+    yield StringCommand("install", "-d", "-m", "0755", posixpath.dirname(flag))  # nginx's workers must see the flag
+    yield StringCommand("touch", flag)
+    if running:
+        yield FunctionCommand(_drain, (node_config(),), {})
+
+
 def gate_record_path(cfg: NodeConfig) -> str:
     """Where a head keeps the release its service last passed the serving gate with (persistent: the last good
     release outlives a reboot)."""
@@ -598,7 +650,7 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
     if ok:
         passed = passed_record(release, now)
         if not (all(m.ok(f"{save_good_command(m.cfg, passed)} && {forget_command(m.cfg)}") for m in [*members, me])
-                and write_record(passed)):
+                and write_record(passed) and me.ok(f"rm -f {closed_flag_path(cfg)}")):
             return host_failed(host, f"{host.name}: the serving gate passed, but the release could not be kept "
                                      f"({record}, {good_release_dir(cfg)})")
         progress(f"{why}: {release_named(release)}, kept as the last good release"
@@ -637,6 +689,7 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
         return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, which failed too: "
                                  f"{why_back}")
     write_record(passed_record({k: v for k, v in good.items() if k in release}, now_back))
+    me.ok(f"rm -f {closed_flag_path(cfg)}")  # the restored release passed: the endpoint opens
     on = f" on {host.name} and {', '.join(workers)}" if workers else ""
     return host_failed(host, f"{failure}\n{host.name}: rolled back: {service} serves the last good "
                              f"{release_named(good)} again{on} (it passed the serving gate)")
@@ -670,6 +723,10 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
         passed = read(host, GatePassed, record=record, service=service)
         last = passed["release"] or {}
         if current and last.get("release") == release["release"]:
+            flag = closed_flag_path(node_config())
+            if read(host, ExistingPaths, paths=(flag,)):  # a run killed after the gate passed: open it now
+                yield StringCommand("rm", "-f", flag)
+                return
             host.noop(f"{service} passed the serving gate for release {release['release']} at {last.get('passed_at')}")
             return
     yield FunctionCommand(_wait_and_gate, (head, model, release, record, workers), {})
@@ -726,6 +783,7 @@ def inference_service():
             (Sha256File, {"path": unit_path}), *follow_up_reads(QUADLET_STAMP), (SystemdStatus, {"services": [service]}),
             (ServiceStartedFrom, {"record": started, "stamp": STAMP}),
             *([(GatePassed, {"record": gate_record_path(cfg), "service": service})] if cfg.is_head else []),
+            *([(ExistingPaths, {"paths": (closed_flag_path(cfg),)})] if cfg.is_head and cfg.endpoint_enabled else []),
             (ReleasesOnDisk, prune_reads(cfg))])
     atomic_put(batch=batch, name="Install the RoCE GID lookup", src=helper_path("inference_service/roce_gid.py"),
               dest=ROCE_HELPER, user="root", group="root", mode="0755", create_remote_dir=True)
@@ -753,6 +811,9 @@ def inference_service():
                    command="systemctl daemon-reload", paths=(unit_path,), contents=(unit_text,))
     fp = fingerprint(unit_text, cfg, head, nodes)
     record = gate_record_path(cfg)
+    if cfg.is_head and cfg.endpoint_enabled:
+        endpoint_closed_for_the_switch(name="Close the endpoint to new requests before a restart", service=service,
+                                       started_from=started, fingerprint=fp, flag=closed_flag_path(cfg))
     service_current(name="Start or update workers (rank > 0) before heads", service=service, started_from=started,
                     fingerprint=fp, record=record, act=not cfg.is_head)
     service_current(name="Start or update heads and single nodes", service=service, started_from=started,

@@ -74,6 +74,11 @@ class EndpointKeys(ComponentKeys):
     endpoint_rate_per_minute: int = _key(
         600, description="requests a client key may make per minute (beyond the burst: HTTP 429)", ge=1, le=1_000_000,
     )
+    endpoint_drain_s: int = _key(
+        120, description="a switch (a converge's restart of the head) first closes the endpoint to new API requests "
+        "(JSON 503 with `Retry-After`), then waits this long at most for the requests in flight to finish before the "
+        "restart; it opens again once a release passed the serving gate", ge=0, le=3600,
+    )
     endpoint_rate_burst: int = _key(
         60, description="requests a client key may make at once above its rate (nginx's `burst`: at least 1)", ge=1,
         le=100_000,

@@ -5,6 +5,7 @@ reads the value. Each root cause with several values; every message names the ho
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 import shutil
@@ -431,9 +432,9 @@ def nginx() -> str:
     return NGINX
 
 
-def nginx_t(nginx: str, tmp_path, cfg) -> subprocess.CompletedProcess:
-    """`nginx -t` of the rendered configuration, its node paths moved under ``tmp_path`` (the files it includes and
-    reads: the client maps, the certificate and key, its pid, temp and log places)."""
+def nginx_root(tmp_path, cfg):
+    """The rendered configuration and the files it reads, its node paths moved under ``tmp_path / "node"`` (the
+    client maps, the certificate and key, its pid, temp and log places, the closed-door flag's folder)."""
     from deploys import endpoint
     from deploys.endpoint import read_clients, render_maps
 
@@ -449,12 +450,23 @@ def nginx_t(nginx: str, tmp_path, cfg) -> subprocess.CompletedProcess:
     shutil.copy(cfg.endpoint_tls_cert, root / endpoint.CERT.strip("/"))
     shutil.copy(cfg.endpoint_tls_key, root / endpoint.KEY.strip("/"))
     (root / "nginx.conf").write_text(conf)
-    # `nginx -t` binds its listen address: in a network namespace of its own that has the endpoint's address
+    return root
+
+
+def in_own_network(cfg, script: str, *args: str) -> subprocess.CompletedProcess:
+    """``script`` (sh, with ``args``) in a network namespace of its own whose loopback holds the endpoint's address
+    (nginx binds its listen address, `-t` too)."""
     family = "-6" if ":" in cfg.endpoint_address else "-4"
-    script = (f"ip link set lo up && ip {family} addr add {cfg.endpoint_address} dev lo nodad 2>/dev/null || "
-              f"ip {family} addr add {cfg.endpoint_address} dev lo; exec \"$0\" \"$@\"")
-    return subprocess.run(["unshare", "-n", "sh", "-c", script, nginx, "-t", "-p", str(root), "-e", "stderr", "-c",
-                           str(root / "nginx.conf")], capture_output=True, text=True, timeout=60)
+    setup = (f"ip link set lo up && {{ ip {family} addr add {cfg.endpoint_address} dev lo nodad 2>/dev/null || "
+             f"ip {family} addr add {cfg.endpoint_address} dev lo; }}; ")
+    return subprocess.run(["unshare", "-n", "sh", "-c", setup + script, "sh", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def nginx_t(nginx: str, tmp_path, cfg) -> subprocess.CompletedProcess:
+    """`nginx -t` of the rendered configuration (``nginx_root``)."""
+    root = nginx_root(tmp_path, cfg)
+    return in_own_network(cfg, 'exec "$1" -t -p "$2" -e stderr -c "$2/nginx.conf"', nginx, str(root))
 
 
 EDGES = [
@@ -526,3 +538,47 @@ def test_urls_python_takes_and_alertmanager_refuses_are_the_ones_validation_refu
     path = _secret_file(tmp_path / "url", url + "\n")
     assert ("node-a", "alertmanager_webhook_url_file") in _refused(node_a(alertmanager_webhook_url_file=path),
                                                                    secrets=(url,))
+
+
+def test_the_closed_door_answers_json_503_with_retry_after_and_opens_with_its_flag(nginx, lab, tmp_path):
+    """The real nginx with the rendered configuration: while the closed-door flag exists, a client with a key gets
+    an OpenAI-style JSON 503 with Retry-After on every API route (one without a key still 401); without the flag the
+    request goes through to vLLM (here none listens: 502)."""
+    from deploys.endpoint import RETRY_AFTER_S, closed_flag_path
+
+    import tempfile
+
+    from deploys.endpoint import CLOSED_DIR
+
+    cfg = validate_hosts(node_a(**_files(lab)))["node-a"]
+    root = nginx_root(tmp_path, cfg)
+    flag_dir = tempfile.mkdtemp(prefix="inference-nodes-closed-")  # nginx's workers (www-data) look into it, as on
+    os.chmod(flag_dir, 0o755)                                        # the node: not under pytest's 0700 folder
+    conf = (root / "nginx.conf").read_text()
+    assert CLOSED_DIR + "/" in conf
+    (root / "nginx.conf").write_text(conf.replace(CLOSED_DIR + "/", flag_dir + "/"))
+    flag = closed_flag_path(cfg).replace(CLOSED_DIR, flag_dir)
+    key = next(k for n, k in (line.split() for line in open(cfg.endpoint_clients_file) if line.strip()
+                              and not line.startswith("#")) if n != cfg.endpoint_metrics_client)
+    (tmp_path / "auth").write_text(f"Authorization: Bearer {key}\n")
+    os.chmod(tmp_path / "auth", 0o600)
+    url = f"https://{cfg.endpoint_address}:{cfg.endpoint_port}/v1/chat/completions"
+    curl = (f'curl -s -D - --cacert {cfg.endpoint_tls_ca} -X POST -d {{}} -H "Content-Type: application/json" '
+            f'-H @{tmp_path / "auth"} {url}')
+    script = (f'"$1" -p "$2" -e stderr -c "$2/nginx.conf" & pid=$!; for i in $(seq 50); do curl -s -o /dev/null '
+              f'--cacert {cfg.endpoint_tls_ca} https://{cfg.endpoint_address}:{cfg.endpoint_port}/ && break; sleep 0.1; '
+              f'done; mkdir -p $(dirname {flag}); touch {flag}; echo "==closed"; {curl}; echo; echo "==anonymous"; '
+              f'curl -s -o /dev/null -w "%{{http_code}}" --cacert {cfg.endpoint_tls_ca} -X POST {url}; echo; '
+              f'rm -f {flag}; echo "==open"; {curl}; echo; kill $pid; wait $pid 2>/dev/null; true')
+    out = in_own_network(cfg, script, nginx, str(root))
+    closed, rest = out.stdout.split("==closed", 1)[1].split("==anonymous", 1)
+    anonymous, opened = rest.split("==open", 1)
+    head, _, body = closed.strip().partition("\n\n")  # (text mode: CRLF read as LF)
+    assert head.startswith("HTTP/1.1 503"), out.stdout + out.stderr
+    assert f"Retry-After: {RETRY_AFTER_S}" in head and "Content-Type: application/json" in head, head
+    error = json.loads(body)["error"]
+    assert error["type"] == "service_unavailable" and error["code"] == 503 and error["message"]
+    assert anonymous.strip() == "401"
+    assert opened.strip().startswith("HTTP/1.1 502"), opened
+    assert key not in out.stdout + out.stderr
+    shutil.rmtree(flag_dir)
