@@ -35,7 +35,7 @@ from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.facts.files import Directory, Link
 
 from deploys.endpoint import read_clients, url_host
-from deploys.inference_service import gate_last_path
+from deploys.inference_service import gate_last_path, gate_record_path, started_from_path
 from deploys.inventory import inventory_configs, node_config
 from deploys.model.snapshot import RECORD
 from deploys.ops import (atomic_put, directory_present, distro_unit_masked, follow_up_done, follow_up_reads,
@@ -156,6 +156,8 @@ def render_facts_config(name: str, cfg: NodeConfig, watcher: str | None) -> str:
         "deep_verify_max_age_s": deep_verify_max_age_s(cfg),
         "interval_s": cfg.monitoring_facts_interval_s,
         "gate_last": gate_last_path(cfg) if cfg.is_head else None,
+        "gate_passed": gate_record_path(cfg) if cfg.is_head else None,
+        "started_from": started_from_path(cfg) if cfg.is_head else None,
         "service": f"{cfg.container_name}.service",
         "smi_timeout_s": SMI_TIMEOUT_S,
         "vllm_metrics_url": f"http://{url_host(cfg.api_bind_address)}:{cfg.api_port}/metrics" if republish else None,
@@ -392,6 +394,9 @@ def alert_rules(me: NodeConfig) -> list[dict]:
          f"vLLM's KV cache on {{{{ $labels.host }}}} is over {kv:.0%} used: requests queue or are preempted"),
         ("RequestsWaitingLong", "vllm:num_requests_waiting > 0", me.alert_requests_waiting_for_s, "warning",
          "requests have waited in vLLM's queue on {{ $labels.host }} without a break: more load than the node serves"),
+        ("ReleaseNotGated", "inference_nodes_serving_release_gated == 0", me.alert_not_gated_for_s, "critical",
+         "{{ $labels.host }} serves a release that has not passed its serving gate (a converge killed between its "
+         "restart and its gate, or one that hangs): run a converge, which gates it or rolls back"),
         ("ServingGateFailed", "inference_nodes_serving_gate_ok == 0", 0, "critical",
          "the last serving gate on {{ $labels.host }} failed (see the converge's output and the service journal)"),
         ("DeepVerifyBad", "inference_nodes_deep_verify_ok == 0", 0, "critical",
@@ -423,6 +428,7 @@ ALERT_KEYS = {  # which key tunes each alert (docs/monitoring.md)
     "InferenceServiceRestarting": "alert_restarts_max", "InferenceNotGenerating": "alert_not_generating_for_s",
     "KvCacheHigh": "alert_kv_cache_usage_max, alert_for_s", "RequestsWaitingLong": "alert_requests_waiting_for_s",
     "ServingGateFailed": "(fires at once)", "DeepVerifyBad": "(fires at once)",
+    "ReleaseNotGated": "alert_not_gated_for_s",
     "DeepVerifyOverdue": "model_deep_verify_every, model_deep_verify_window_h (per node)",
     "DriverModuleMismatch": "alert_for_s", "ModelDiskNearlyFull": "alert_model_disk_free_min_gib, alert_for_s",
     "NodeFactsStale": "monitoring_facts_interval_s (per node)",

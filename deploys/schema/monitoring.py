@@ -71,6 +71,11 @@ class MonitoringKeys(ComponentKeys):
         600, description="(monitoring host) how long requests may wait in vLLM's queue without a break before "
         "RequestsWaitingLong fires", ge=0, le=86400,
     )
+    alert_not_gated_for_s: int = _key(
+        3600, description="(monitoring host) how long a head may serve a release that has not passed its serving gate "
+        "before ReleaseNotGated fires (a converge's switch takes the model's load and the gate: keep it above "
+        "`service_ready_timeout_sec`)", ge=60, le=7 * 86400,
+    )
     alert_kv_cache_usage_max: float = _key(
         0.95, description="(monitoring host) KV cache usage (0-1) above which KvCacheHigh fires after `alert_for_s`",
         gt=0, le=1,

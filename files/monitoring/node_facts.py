@@ -80,6 +80,9 @@ FAMILIES = {
     "serving_gate_timestamp_seconds": ("gauge", "Unix time of the last serving gate run."),
     "serving_gate_info": ("gauge", "What the last serving gate run tested: release, image and model revision."),
     "service_active": ("gauge", "1 if the inference systemd unit is active, else 0."),
+    "serving_release_gated": ("gauge", "Head, service active: 1 if the release it started from passed the serving gate "
+                                       "here, 0 if not (a switch, or a converge killed before its gate); absent when "
+                                       "the service is not active."),
     "service_restarts_total": ("counter", "Times systemd restarted the inference unit (NRestarts)."),
 }
 
@@ -247,6 +250,21 @@ def serving_gate_samples(path: str) -> list[Sample]:
             + [("serving_gate_info", info, 1)])
 
 
+def gated_samples(run: Run, service: str, started_from: str, gate_passed: str) -> list[Sample]:
+    """Whether the active service runs the release the head's gate last passed: the unit and environments its start
+    recorded (``started_from``'s first line) are those of the gate's record (``gate_passed``: "unit"). A restart by
+    systemd of the same release stays gated; a converge removes the record before it restarts onto another."""
+    if systemctl_property(run, service, "ActiveState") != "active":
+        return []
+    try:
+        with open(started_from, encoding="utf-8") as f:
+            started = f.readline().strip()
+    except OSError:
+        started = ""
+    record = read_record(gate_passed) or {}
+    return [("serving_release_gated", {}, int(bool(started) and record.get("unit") == started))]
+
+
 def systemctl_property(run: Run, service: str, prop: str) -> str:
     res = output_of(run, ["systemctl", "show", "-p", prop, "--value", service], SYSTEMCTL_TIMEOUT_S)
     return (res.stdout or "").strip() if res.returncode == 0 else ""
@@ -276,6 +294,9 @@ def collect(config: dict, run: Run = subprocess.run, now: Callable[[], float] = 
         sources.append(("serving_gate", lambda: serving_gate_samples(config["gate_last"])))
     if config.get("service"):
         sources.append(("service", lambda: service_samples(run, config["service"])))
+    if config.get("service") and config.get("gate_passed") and config.get("started_from"):  # heads
+        sources.append(("gated", lambda: gated_samples(run, config["service"], config["started_from"],
+                                                       config["gate_passed"])))
     for name, source in sources:
         try:
             samples += source()

@@ -33,6 +33,7 @@ def promtool() -> str:
 def _me(**keys) -> NodeConfig:
     data = node_a(**{"alert_for_s": 60, "alert_not_generating_for_s": 120, "alert_requests_waiting_for_s": 120,
                      "alert_kv_cache_usage_max": 0.9, "alert_restarts_max": 3, "alert_model_disk_free_min_gib": 10,
+                     "alert_not_gated_for_s": 120,
                      **keys})
     from deploys.schema import validate_hosts
     return validate_hosts(data)["node-a"]
@@ -56,6 +57,7 @@ HEALTHY = [  # a serving head: every series the rules read, at good values (one 
     (f'vllm:generation_tokens_total{{job="vllm",{L}}}', "0+600x20"),
     (f'vllm:kv_cache_usage_perc{{job="vllm",{L}}}', "0.3x20"),
     (f'inference_nodes_serving_gate_ok{{job="node",{L}}}', "1x20"),
+    (f'inference_nodes_serving_release_gated{{job="node",{L}}}', "1x20"),
     (f'inference_nodes_deep_verify_ok{{job="node",{L}}}', "1x20"),
     (f'inference_nodes_deep_verify_timestamp_seconds{{job="node",{L}}}', "0x20"),
     (f'inference_nodes_deep_verify_max_age_seconds{{job="node",{L}}}', "100000x20"),
@@ -76,6 +78,7 @@ BROKEN = {
     "KvCacheHigh": ({f'vllm:kv_cache_usage_perc{{job="vllm",{L}}}': "0.3 0.3 0.97x18"}, 4, 2, {"job": "vllm"}),
     "RequestsWaitingLong": ({f'vllm:num_requests_waiting{{job="vllm",{L}}}': "0 0 4x18"}, 5, 3, {"job": "vllm"}),
     "ServingGateFailed": ({f'inference_nodes_serving_gate_ok{{job="node",{L}}}': "1 1 0x18"}, 2, 1, {"job": "node"}),
+    "ReleaseNotGated": ({f'inference_nodes_serving_release_gated{{job="node",{L}}}': "1 1 0x18"}, 5, 3, {"job": "node"}),
     "DeepVerifyBad": ({f'inference_nodes_deep_verify_ok{{job="node",{L}}}': "1 1 0x18"}, 2, 1, {"job": "node"}),
     "DeepVerifyOverdue": ({f'inference_nodes_deep_verify_max_age_seconds{{job="node",{L}}}': "100000 100000 60x18"}, 2, 1,
                           {"job": "node"}),

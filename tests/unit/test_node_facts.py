@@ -415,3 +415,21 @@ def test_vllm_metrics_say_whether_vllm_answered_on_loopback():
     assert "vllm:num_requests_running 2.0" in text.splitlines() and "process_open_fds" not in text
     down = nf.vllm_metrics(f"http://127.0.0.1:{server.server_port}/metrics", timeout=2)
     assert value(down, "vllm_metrics_ok") == 0.0 and "vllm:" not in down
+
+
+def test_a_head_serving_a_release_its_gate_did_not_pass_says_so(node, tmp_path):
+    """The unit and environments the running start recorded against the gate's record: equal is gated (a restart by
+    systemd of the same release too); another, or no record (a converge removed it before its restart and was killed
+    before its gate), is not; a service that is not active says nothing (the service-down alert's)."""
+    started, passed = tmp_path / "started-from", tmp_path / "gate-passed.json"
+    node.update(started_from=str(started), gate_passed=str(passed))
+    started.write_text("a" * 64 + "\n" + "b" * 64 + "\n")
+    passed.write_text(json.dumps({"release": "r42", "unit": "a" * 64}))
+    assert value(collect(node, FakeRun(active="active\n")), "serving_release_gated") == 1
+    passed.write_text(json.dumps({"release": "r41", "unit": "c" * 64}))
+    assert value(collect(node, FakeRun(active="active\n")), "serving_release_gated") == 0
+    passed.unlink()
+    assert value(collect(node, FakeRun(active="active\n")), "serving_release_gated") == 0
+    assert "serving_release_gated" not in names(collect(node, FakeRun(active="inactive\n")))
+    node.update(started_from=None, gate_passed=None)  # a worker: no gate, no series
+    assert "serving_release_gated" not in names(collect(node, FakeRun(active="active\n")))
