@@ -172,3 +172,37 @@ def test_preflight_refuses_a_fabric_address_the_node_does_not_have(sandbox, tmp_
     assert proc.returncode == 1
     assert "host sandbox-b1: fabric_address 198.51.100.99 is not an address of this node" in proc.stderr
     assert "host sandbox-b0: fabric_address" not in proc.stderr
+
+
+def test_a_converge_killed_between_restart_and_gate_leaves_the_door_closed_and_the_next_gates_it(sandbox):
+    """SIGKILL while a head's new start waits for its gate: the release that runs has passed no gate, so the endpoint
+    stays closed (no client gets its answers) and the node's metrics say it is not gated (ReleaseNotGated after its
+    bound); the next converge finds the state as it is, gates the release that runs and opens the door."""
+    node, flag = "sandbox-a", "/var/lib/inference-nodes-endpoint/grandpa.closed"
+    record = "/var/lib/inference-nodes/grandpa.gate-passed.json"
+    textfile = "/var/lib/inference-nodes/metrics/inference_nodes.prom"
+    change = ["--limit", node, "--data", "service_restart_sec=31"]  # another unit: a restart
+    proc = subprocess.Popen([PYINFRA, "-y", INVENTORY, "deploys/all.py", *change], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 600
+    restarted = f"grep -q '^RestartSec=31$' /etc/containers/systemd/grandpa.container && test ! -e {record}"
+    while on_node(node, restarted).returncode != 0:  # decided from the node: its unit changed, its record gone
+        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before the restart"
+        assert time.monotonic() < deadline, "no restart within 600 s"
+        time.sleep(1)
+    time.sleep(5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed between restart and gate"
+    assert on_node(node, f"test -e {flag}").returncode == 0, "the door opened before any gate"
+    not_gated = f"grep -qx 'inference_nodes_serving_release_gated 0' {textfile}"
+    deadline = time.monotonic() + 300  # once the service is active again, the metrics timer (5 s) says so
+    while on_node(node, not_gated).returncode != 0:
+        assert time.monotonic() < deadline, on_node(node, f"grep gated {textfile}").stdout
+        time.sleep(3)
+    pyinfra(INVENTORY, "deploys/all.py", *change)  # the same converge again: it gates what runs
+    assert on_node(node, f"test -e {flag}").returncode != 0, "the door stayed closed after the gate passed"
+    assert on_node(node, f"grep -qx 'inference_nodes_serving_release_gated 1' {textfile} || "
+                         f"{{ sleep 10; grep -qx 'inference_nodes_serving_release_gated 1' {textfile}; }}").returncode == 0
+    pyinfra(INVENTORY, "deploys/all.py", "--limit", node)  # back to the inventory's unit (another switch)
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
