@@ -355,7 +355,13 @@ def render_prometheus(configs: dict[str, NodeConfig], me: NodeConfig, watcher: s
                    "external_labels": {"monitor": "inference-nodes"}},
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{me.alertmanager_port}"]}]}]},
         "rule_files": [RULES],
-        "scrape_configs": [{"job_name": "node", "static_configs": nodes}, *scrapes],
+        "scrape_configs": [{"job_name": "node", "static_configs": nodes}, *scrapes,
+                           # the watcher watched: Prometheus and Alertmanager themselves (their reloads, rule
+                           # evaluations and notifications, which the meta-alerts read)
+                           *({"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"],
+                                                                    "labels": {"host": watcher}}]}
+                             for job, port in (("prometheus", me.prometheus_port),
+                                               ("alertmanager", me.alertmanager_port)))],
     }
     return "# inference-nodes: generated from the inventory (deploys/monitoring.py); edits are overwritten\n" + \
         yaml.safe_dump(conf, sort_keys=False, default_flow_style=False)
@@ -404,8 +410,32 @@ def alert_rules(me: NodeConfig) -> list[dict]:
         ("DeepVerifyOverdue", "time() - inference_nodes_deep_verify_timestamp_seconds > "
          "inference_nodes_deep_verify_max_age_seconds", 0, "warning",
          "the last deep verify on {{ $labels.host }} is older than its schedule allows"),
-        ("DriverModuleMismatch", "inference_nodes_driver_module_matches == 0", me.alert_for_s, "critical",
+        # only where nvidia-smi answered: a GPU that fell off the bus also reads as no match, and is no reboot case
+        ("DriverModuleMismatch", "inference_nodes_driver_module_matches == 0 and on (host) "
+         "inference_nodes_gpu_query_ok == 1", me.alert_for_s, "critical",
          "the loaded NVIDIA kernel module on {{ $labels.host }} is not the installed userspace driver: reboot it"),
+        ("GpuNotAnswering", "inference_nodes_gpu_query_ok == 0", me.alert_for_s, "critical",
+         "nvidia-smi on {{ $labels.host }} does not answer: a GPU may have fallen off the bus (look for Xid 79 in the "
+         "kernel log) or the driver is wedged; a reboot alone may not bring it back"),
+        ("GpuXidErrors", "delta(inference_nodes_gpu_xid_errors[10m]) > 0", 0, "critical",
+         "{{ $labels.host }} logged NVIDIA Xid errors in the last 10 minutes: read them in the kernel log"),
+        ("GpuEccUncorrected", "inference_nodes_gpu_ecc_uncorrected_errors > 0", 0, "critical",
+         "a GPU of {{ $labels.host }} has uncorrected ECC errors since its driver loaded: drain and replace or reset it"),
+        ("NodeFactsMissing", 'up{job="node"} == 1 unless on (host) inference_nodes_facts_timestamp_seconds',
+         me.alert_for_s, "warning",
+         "node-exporter on {{ $labels.host }} answers without the toolkit's metrics: their timer or file is gone"),
+        ("PrometheusConfigReloadFailed", "prometheus_config_last_reload_successful == 0", 0, "critical",
+         "Prometheus on {{ $labels.host }} could not load its configuration: it watches with the one before"),
+        ("PrometheusRuleEvaluationFailures", "increase(prometheus_rule_evaluation_failures_total[5m]) > 0", 0,
+         "critical", "Prometheus on {{ $labels.host }} failed to evaluate alert rules: alerts may not fire"),
+        ("AlertmanagerNotificationsFailing", "increase(alertmanager_notifications_failed_total[5m]) > 0", 0,
+         "critical", "Alertmanager on {{ $labels.host }} could not deliver notifications (an expired webhook token, an "
+         "unreachable receiver): alerts are not reaching anyone"),
+        ("MonitoringSelfScrapeDown", 'up{job=~"prometheus|alertmanager"} == 0', me.alert_for_s, "critical",
+         "{{ $labels.job }} on {{ $labels.host }} does not answer its own scrape"),
+        ("Watchdog", "vector(1)", 0, "none",
+         "always firing while Prometheus evaluates rules and Alertmanager delivers: an outside dead man's switch "
+         "(alertmanager_watchdog_url_file) pages when it stops arriving"),
         ("NodeFactsStale", "time() - inference_nodes_facts_timestamp_seconds > "
          "3 * inference_nodes_facts_interval_seconds + 120", 0, "warning",
          "the toolkit's metrics on {{ $labels.host }} are stale: its metrics timer stopped or hangs (e.g. nvidia-smi on a "
@@ -431,6 +461,10 @@ ALERT_KEYS = {  # which key tunes each alert (docs/monitoring.md)
     "ReleaseNotGated": "alert_not_gated_for_s",
     "DeepVerifyOverdue": "model_deep_verify_every, model_deep_verify_window_h (per node)",
     "DriverModuleMismatch": "alert_for_s", "ModelDiskNearlyFull": "alert_model_disk_free_min_gib, alert_for_s",
+    "GpuNotAnswering": "alert_for_s", "GpuXidErrors": "(fires at once)", "GpuEccUncorrected": "(fires at once)",
+    "NodeFactsMissing": "alert_for_s", "PrometheusConfigReloadFailed": "(fires at once)",
+    "PrometheusRuleEvaluationFailures": "(fires at once)", "AlertmanagerNotificationsFailing": "(fires at once)",
+    "MonitoringSelfScrapeDown": "alert_for_s", "Watchdog": "alertmanager_watchdog_url_file (always firing)",
     "NodeFactsStale": "monitoring_facts_interval_s (per node)",
 }
 
@@ -440,14 +474,27 @@ def render_rules(me: NodeConfig) -> str:
         yaml.safe_dump({"groups": [{"name": "inference-nodes", "rules": alert_rules(me)}]}, sort_keys=False, width=200)
 
 
-def render_alertmanager(me: NodeConfig, webhook: str | None) -> str:
+# What Prometheus and Alertmanager export about themselves that the meta-alerts read (the node tier finds each in the
+# real ones)
+SELF_METRICS = ("prometheus_config_last_reload_successful", "prometheus_rule_evaluation_failures_total",
+                "alertmanager_notifications_failed_total")
+WATCHDOG_REPEAT = "5m"  # how often the Watchdog reaches the dead man's switch (set its period above this)
+
+
+def render_alertmanager(me: NodeConfig, webhook: str | None, watchdog: str | None = None) -> str:
+    """The route: every alert to the webhook, but the always-firing Watchdog to its own receiver, the outside dead
+    man's switch (``watchdog``; none: nowhere), every WATCHDOG_REPEAT."""
     wait = me.alertmanager_group_wait_s
     route = {"receiver": "webhook" if webhook else "none", "group_by": ["alertname", "cluster", "host"],
              "group_wait": f"{wait}s", "group_interval": f"{max(10, 2 * wait)}s",
-             "repeat_interval": f"{me.alertmanager_repeat_interval_h}h"}
+             "repeat_interval": f"{me.alertmanager_repeat_interval_h}h",
+             "routes": [{"receiver": "watchdog" if watchdog else "none", "matchers": ['alertname="Watchdog"'],
+                         "group_wait": "0s", "group_interval": "1m", "repeat_interval": WATCHDOG_REPEAT}]}
     receivers = [{"name": "none"}]
     if webhook:
         receivers.append({"name": "webhook", "webhook_configs": [{"url": webhook, "send_resolved": True}]})
+    if watchdog:
+        receivers.append({"name": "watchdog", "webhook_configs": [{"url": watchdog, "send_resolved": False}]})
     return yaml.safe_dump({"route": route, "receivers": receivers}, sort_keys=False)
 
 
@@ -609,6 +656,7 @@ def monitoring_host():
     batch = (*HOST_FILES, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
     expect(host_reads(batch))
     webhook = read_webhook_url(me.alertmanager_webhook_url_file) if me.alertmanager_webhook_url_file else None
+    watchdog = read_webhook_url(me.alertmanager_watchdog_url_file) if me.alertmanager_watchdog_url_file else None
     ours = {"prometheus": PROMETHEUS, "prometheus-alertmanager": ALERTMANAGER, "prometheus-node-exporter": EXPORTER}
     for package in ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter"):  # (an exporter a lab installs)
         distro_unit_masked(name=f"Mask the distribution's {DISTRO_UNITS[package]} (the toolkit runs its own unit)",
@@ -621,7 +669,7 @@ def monitoring_host():
         if configs[head].endpoint_tls_ca:
             atomic_put(name=f"Install the CA {head}'s endpoint is checked with", src=configs[head].endpoint_tls_ca,
                        dest=ca_path(head), batch=batch)
-    alertmanager_conf = render_alertmanager(me, webhook)
+    alertmanager_conf = render_alertmanager(me, webhook, watchdog)
     secret_file(name="Install Alertmanager's configuration (0600: the webhook URL may carry a token)",
                 src=StringIO(alertmanager_conf), dest=ALERTMANAGER_CONF, batch=batch, private_dir=False)
     conf, rules = render_prometheus(configs, me, watcher), render_rules(me)

@@ -28,21 +28,23 @@ def control_file_problems(host: str, cfg: NodeConfig) -> list[Problem]:
         problems += _private_file_problems(host, "model_hub_token_file", cfg.model_hub_token_file)
     if cfg.endpoint_enabled:
         problems += _endpoint_problems(host, cfg)
-    if cfg.alertmanager_webhook_url_file is not None:
-        problems += _webhook_problems(host, cfg.alertmanager_webhook_url_file)
+    for key in ("alertmanager_webhook_url_file", "alertmanager_watchdog_url_file"):
+        if getattr(cfg, key) is not None:
+            problems += _webhook_problems(host, key, getattr(cfg, key))
     return problems
 
 
-def _webhook_problems(host: str, path: str) -> list[Problem]:
-    """The Alertmanager webhook file: private, one http(s) URL (never shown: it may carry a token)."""
+def _webhook_problems(host: str, key: str, path: str) -> list[Problem]:
+    """An Alertmanager webhook file (the alerts', the Watchdog's): private, one http(s) URL (never shown: it may carry
+    a token)."""
     from deploys.monitoring import WebhookFileError, read_webhook_url
 
-    problems = _private_file_problems(host, "alertmanager_webhook_url_file", path)
+    problems = _private_file_problems(host, key, path)
     if not problems:
         try:
             read_webhook_url(path)
         except WebhookFileError as e:
-            problems.append(Problem(host, "alertmanager_webhook_url_file", path, str(e)))
+            problems.append(Problem(host, key, path, str(e)))
     return problems
 
 

@@ -52,6 +52,12 @@ class MonitoringKeys(ComponentKeys):
         "POSTs alerts to (its webhook format; a chat bridge or an incident tool); the URL may carry a token, so it is "
         "never in the inventory or a log. Unset = alerts are shown by Prometheus and Alertmanager only",
     )
+    alertmanager_watchdog_url_file: ControlSecret | None = _key(
+        None, description="(monitoring host) control-node file (0600, outside the repo) holding the URL of an outside "
+        "dead man's switch (Healthchecks.io, Dead Man's Snitch, PagerDuty's, a cron monitor) that the always-firing "
+        "Watchdog alert reaches every 5 minutes (Alertmanager's webhook format): it pages when the pings stop, which "
+        "nothing inside the lab can. Unset = the Watchdog is delivered nowhere",
+    )
     alertmanager_group_wait_s: int = _key(
         30, description="(monitoring host) how long Alertmanager gathers alerts before the first notification",
         ge=0, le=3600,

@@ -79,6 +79,14 @@ def test_prometheus_scrapes_every_node_and_head_and_reads_the_toolkits_metrics(s
                    >= {"sandbox-a", "sandbox-b0"})
     a = query('vllm:num_requests_running{host="sandbox-a"}')[0]["metric"]
     assert (a["image"], a["model_commit"]) == (configs["sandbox-a"].image_ref, configs["sandbox-a"].model_revision)
+    # the watcher watched: Prometheus and Alertmanager scrape as targets of their own, each series a meta-alert reads
+    # exists in the real ones, and the Watchdog fires (delivered nowhere here: no dead man's switch in the sandbox)
+    eventually("Prometheus and Alertmanager scraped", lambda: {s["metric"]["job"]: float(s["value"][1]) for s in
+                                                              query('up{job=~"prometheus|alertmanager"}')}
+               == {"prometheus": 1.0, "alertmanager": 1.0})
+    for name in monitoring.SELF_METRICS:
+        eventually(f"{name} from the monitoring host", lambda n=name: query(n))
+    eventually("the Watchdog firing", lambda: query('ALERTS{alertname="Watchdog",alertstate="firing"}'))
     rules = requests.get(prometheus() + "/api/v1/rules", timeout=10).json()["data"]["groups"]
     assert {r["name"] for g in rules for r in g["rules"]} == set(monitoring.ALERT_KEYS)
     state = "NodeExporterDown|InferenceServiceDown|ServingGateFailed|DeepVerifyBad|DriverModuleMismatch"

@@ -42,7 +42,8 @@ def _me(**keys) -> NodeConfig:
 def _summary(name: str, me: NodeConfig, labels: dict, value: str = "") -> str:
     rule = next(r for r in monitoring.alert_rules(me) if r["alert"] == name)
     text = rule["annotations"]["summary"]
-    return text.replace("{{ $labels.host }}", labels.get("host", "")).replace("{{ $value }}", value)
+    return (text.replace("{{ $labels.host }}", labels.get("host", "")).replace("{{ $labels.job }}", labels.get("job", ""))
+            .replace("{{ $value }}", value))
 
 
 N = {"host": "n1", "cluster": "c1"}
@@ -58,6 +59,15 @@ HEALTHY = [  # a serving head: every series the rules read, at good values (one 
     (f'vllm:kv_cache_usage_perc{{job="vllm",{L}}}', "0.3x20"),
     (f'inference_nodes_serving_gate_ok{{job="node",{L}}}', "1x20"),
     (f'inference_nodes_serving_release_gated{{job="node",{L}}}', "1x20"),
+    (f'inference_nodes_gpu_query_ok{{job="node",{L}}}', "1x20"),
+    (f'inference_nodes_gpu_xid_errors{{job="node",{L}}}', "0x20"),
+    (f'inference_nodes_gpu_ecc_uncorrected_errors{{job="node",{L}}}', "0x20"),
+    # the monitoring host watching itself
+    (f'up{{job="prometheus",{L}}}', "1x20"),
+    (f'up{{job="alertmanager",{L}}}', "1x20"),
+    (f'prometheus_config_last_reload_successful{{job="prometheus",{L}}}', "1x20"),
+    (f'prometheus_rule_evaluation_failures_total{{job="prometheus",{L}}}', "0x20"),
+    (f'alertmanager_notifications_failed_total{{job="alertmanager",{L}}}', "0x20"),
     (f'inference_nodes_deep_verify_ok{{job="node",{L}}}', "1x20"),
     (f'inference_nodes_deep_verify_timestamp_seconds{{job="node",{L}}}', "0x20"),
     (f'inference_nodes_deep_verify_max_age_seconds{{job="node",{L}}}', "100000x20"),
@@ -85,6 +95,19 @@ BROKEN = {
     "DriverModuleMismatch": ({f'inference_nodes_driver_module_matches{{job="node",{L}}}': "1 1 0x18"}, 4, 2, {"job": "node"}),
     "NodeFactsStale": ({f'inference_nodes_facts_timestamp_seconds{{job="node",{L}}}': "0+60x5 300x15"}, 11, 9,
                        {"job": "node"}),
+    "GpuNotAnswering": ({f'inference_nodes_gpu_query_ok{{job="node",{L}}}': "1 1 0x18"}, 4, 2, {"job": "node"}),
+    "GpuXidErrors": ({f'inference_nodes_gpu_xid_errors{{job="node",{L}}}': "0 0 3x18"}, 2, 1, {"job": "node"}),
+    "GpuEccUncorrected": ({f'inference_nodes_gpu_ecc_uncorrected_errors{{job="node",{L}}}': "0 0 2x18"}, 2, 1,
+                          {"job": "node"}),
+    "NodeFactsMissing": ({f'inference_nodes_facts_timestamp_seconds{{job="node",{L}}}': "0+60x5 _x15"}, 12, 8,
+                         {"job": "node"}),
+    "PrometheusConfigReloadFailed": ({f'prometheus_config_last_reload_successful{{job="prometheus",{L}}}': "1 1 0x18"},
+                                     2, 1, {"job": "prometheus"}),
+    "PrometheusRuleEvaluationFailures": ({f'prometheus_rule_evaluation_failures_total{{job="prometheus",{L}}}':
+                                          "0 0 1x18"}, 2, 1, {"job": "prometheus"}),
+    "AlertmanagerNotificationsFailing": ({f'alertmanager_notifications_failed_total{{job="alertmanager",{L}}}':
+                                          "0 0 2x18"}, 2, 1, {"job": "alertmanager"}),
+    "MonitoringSelfScrapeDown": ({f'up{{job="alertmanager",{L}}}': "1 1 0x18"}, 4, 2, {"job": "alertmanager"}),
     "ModelDiskNearlyFull": ({f'inference_nodes_model_free_bytes{{job="node",{L}}}': f"{500 * 2**30} {500 * 2**30} {2**30}x18"},
                             4, 2, {"job": "node"}),
 }
@@ -100,21 +123,52 @@ def _run_promtool_test(promtool, tmp_path, me: NodeConfig, series: list[tuple[st
 
 
 def test_every_alert_is_tested():
-    assert {r["alert"] for r in monitoring.alert_rules(_me())} == set(BROKEN) == set(monitoring.ALERT_KEYS)
+    assert {r["alert"] for r in monitoring.alert_rules(_me())} == {*BROKEN, "Watchdog"} == set(monitoring.ALERT_KEYS)
 
 
 def test_rules_pass_promtool_check(promtool, tmp_path):
     (tmp_path / "alerts.yml").write_text(monitoring.render_rules(_me()))
     out = subprocess.run([promtool, "check", "rules", "alerts.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert f"SUCCESS: {len(BROKEN)} rules found" in out.stdout
+    assert f"SUCCESS: {len(BROKEN) + 1} rules found" in out.stdout
 
 
-def test_a_healthy_head_fires_no_alert(promtool, tmp_path):
+def test_a_healthy_head_fires_no_alert_but_the_watchdog(promtool, tmp_path):
     me = _me()
     checks = [{"eval_time": f"{m}m", "alertname": name, "exp_alerts": []} for name in BROKEN for m in (5, 15)]
+    checks += [{"eval_time": f"{m}m", "alertname": "Watchdog", "exp_alerts": [
+        {"exp_labels": {"severity": "none"}, "exp_annotations": {"summary": _summary("Watchdog", me, {})}}]}
+        for m in (0, 5, 15)]
     out = _run_promtool_test(promtool, tmp_path, me, HEALTHY, checks)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_gpu_that_does_not_answer_is_not_called_a_driver_mismatch(promtool, tmp_path):
+    """nvidia-smi failing makes the driver's match unknown (0): GpuNotAnswering fires, DriverModuleMismatch does
+    not (its 'reboot it' is the wrong advice for a GPU off the bus)."""
+    me = _me()
+    down = {f'inference_nodes_gpu_query_ok{{job="node",{L}}}': "1 1 0x18",
+            f'inference_nodes_driver_module_matches{{job="node",{L}}}': "1 1 0x18"}
+    series = [(s, down.get(s, v)) for s, v in HEALTHY]
+    labels = {**N, "job": "node", "severity": "critical"}
+    checks = [{"eval_time": "6m", "alertname": "DriverModuleMismatch", "exp_alerts": []},
+              {"eval_time": "6m", "alertname": "GpuNotAnswering", "exp_alerts": [
+                  {"exp_labels": labels, "exp_annotations": {"summary": _summary("GpuNotAnswering", me, labels)}}]}]
+    out = _run_promtool_test(promtool, tmp_path, me, series, checks)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_watchdog_goes_to_its_own_receiver_and_nothing_else_does(tmp_path):
+    me = _me()
+    conf = yaml.safe_load(monitoring.render_alertmanager(me, "https://hooks.example/a", "https://dms.example/ping"))
+    [watchdog] = conf["route"]["routes"]
+    assert watchdog["matchers"] == ['alertname="Watchdog"'] and watchdog["receiver"] == "watchdog"
+    assert watchdog["repeat_interval"] == monitoring.WATCHDOG_REPEAT
+    receivers = {r["name"]: r for r in conf["receivers"]}
+    assert receivers["watchdog"]["webhook_configs"][0]["url"] == "https://dms.example/ping"
+    assert receivers["webhook"]["webhook_configs"][0]["url"] == "https://hooks.example/a"
+    nowhere = yaml.safe_load(monitoring.render_alertmanager(me, "https://hooks.example/a"))
+    assert nowhere["route"]["routes"][0]["receiver"] == "none", "no dead man's switch: not to the alerts' webhook"
 
 
 def test_a_head_whose_vllm_stops_answering_on_loopback_is_down(promtool, tmp_path):
@@ -155,7 +209,9 @@ def test_the_generated_prometheus_configuration_passes_promtool(promtool, tmp_pa
     conf = yaml.safe_load(text)
     jobs = {j["job_name"]: j for j in conf["scrape_configs"]}
     assert [t["labels"]["host"] for t in jobs["node"]["static_configs"]] == ["sandbox-a", "sandbox-b0", "sandbox-b1"]
-    assert set(jobs) == {"node", "vllm-sandbox-a"}, "b0's vLLM comes through its node-exporter (no endpoint)"
+    assert set(jobs) == {"node", "vllm-sandbox-a", "prometheus", "alertmanager"}, \
+        "b0's vLLM comes through its node-exporter (no endpoint); the monitoring host scrapes itself"
+    assert jobs["alertmanager"]["static_configs"] == [{"targets": ["127.0.0.1:9193"], "labels": {"host": "sandbox-a"}}]
     for path in re.findall(r"(?:credentials_file|ca_file): (\S+)", text):
         (tmp_path / os.path.basename(path)).write_text("x\n")
         text = text.replace(path, str(tmp_path / os.path.basename(path)))
@@ -186,7 +242,7 @@ def test_rules_and_dashboard_ask_only_for_metrics_that_exist():
     """A renamed metric makes a rule that never fires (vLLM's gpu_cache_usage_perc): every name a rule or a panel
     reads is one node_facts.py exports, one vLLM exports (VLLM_METRICS, checked against the real vLLM in the node
     tier) or node-exporter's own."""
-    known = _exported_names() | set(monitoring.VLLM_METRICS) | NODE_EXPORTER_NAMES
+    known = _exported_names() | set(monitoring.VLLM_METRICS) | NODE_EXPORTER_NAMES | set(monitoring.SELF_METRICS)
     exprs = [r["expr"] for r in monitoring.alert_rules(_me())]
     exprs += [p["targets"][0]["expr"] for p in __import__("json").loads(monitoring.render_dashboard())["panels"]]
     unknown = {name for e in exprs for name in _queried(e)} - known
