@@ -383,6 +383,9 @@ def scrape_keys(configs: dict[str, NodeConfig], watcher: str) -> dict[str, str]:
 # of the monitoring host; a node's own deep-verify interval comes with its metrics.
 def alert_rules(me: NodeConfig) -> list[dict]:
     kv, restarts, disk = me.alert_kv_cache_usage_max, me.alert_restarts_max, me.alert_model_disk_free_min_gib
+    # the window in which no token means a stall: short, so the alert fires `alert_not_generating_for_s` after it
+    # (a 5-minute rate added 5 minutes to every stall), yet four scrapes long
+    stall_s = max(120, 4 * me.prometheus_scrape_interval_s)
     rules = [
         ("NodeExporterDown", 'up{job="node"} == 0', me.alert_for_s, "critical",
          "node-exporter on {{ $labels.host }} does not answer: the node is down, unreachable, or its exporter stopped"),
@@ -393,9 +396,11 @@ def alert_rules(me: NodeConfig) -> list[dict]:
          "warning", "the inference service on {{ $labels.host }} restarted {{ $value }} times in 15 minutes"),
         ("InferenceNotGenerating",
          "sum by (cluster, host) (vllm:num_requests_running + vllm:num_requests_waiting) > 0 unless "
-         "sum by (cluster, host) (rate(vllm:generation_tokens_total[5m])) > 0", me.alert_not_generating_for_s,
-         "critical", "vLLM on {{ $labels.host }} holds requests but produced no token for 5 minutes: alive (/health 200) "
-         "but not generating"),
+         f"sum by (cluster, host) (increase(vllm:generation_tokens_total[{stall_s}s])) > 0",
+         me.alert_not_generating_for_s, "critical",
+         f"vLLM on {{{{ $labels.host }}}} holds requests but produced no token for about "
+         f"{(stall_s + me.alert_not_generating_for_s) / 60:.0f} minutes: alive (/health 200) but not generating (a "
+         "hung engine, an NCCL deadlock)"),
         ("KvCacheHigh", f"vllm:kv_cache_usage_perc > {kv}", me.alert_for_s, "warning",
          f"vLLM's KV cache on {{{{ $labels.host }}}} is over {kv:.0%} used: requests queue or are preempted"),
         ("RequestsWaitingLong", "vllm:num_requests_waiting > 0", me.alert_requests_waiting_for_s, "warning",

@@ -84,7 +84,7 @@ BROKEN = {
     "InferenceServiceDown": ({f'up{{job="vllm",{L}}}': "1 1 0x18"}, 4, 2, {"job": "vllm"}),
     "InferenceServiceRestarting": ({f'inference_nodes_service_restarts_total{{job="node",{L}}}': "0 0 1 2 3x16"}, 5, 3,
                                    {"job": "node"}),
-    "InferenceNotGenerating": ({f'vllm:generation_tokens_total{{job="vllm",{L}}}': "0+600x5 3000x15"}, 14, 9, {}),
+    "InferenceNotGenerating": ({f'vllm:generation_tokens_total{{job="vllm",{L}}}': "0+600x5 3000x15"}, 10, 6, {}),
     "KvCacheHigh": ({f'vllm:kv_cache_usage_perc{{job="vllm",{L}}}': "0.3 0.3 0.97x18"}, 4, 2, {"job": "vllm"}),
     "RequestsWaitingLong": ({f'vllm:num_requests_waiting{{job="vllm",{L}}}': "0 0 4x18"}, 5, 3, {"job": "vllm"}),
     "ServingGateFailed": ({f'inference_nodes_serving_gate_ok{{job="node",{L}}}': "1 1 0x18"}, 2, 1, {"job": "node"}),
@@ -365,3 +365,18 @@ def test_two_heads_whose_names_share_one_key_file_are_refused():
     assert sorted(p.host for p in problems) == ["a:b", "a_b"]
     assert "a name apart from a_b" in problems[0].expected
     assert monitoring_problems(inventory, {"a:b": configs["a:b"], "c": configs["c"]}) == []
+
+
+def test_a_stall_fires_not_generating_its_window_after_the_last_token_as_its_text_says(promtool, tmp_path):
+    """With the default 600 s: a stall at minute 5 fires at minute 17 (a 2-minute no-token window, then 10 minutes),
+    not the 20 it took with a 5-minute rate, and the summary says 12 minutes."""
+    me = _me(alert_not_generating_for_s=600)
+    series = [(s, "0+600x5 3000x15" if s.startswith("vllm:generation_tokens_total") else v) for s, v in HEALTHY]
+    labels = {**N}
+    summary = _summary("InferenceNotGenerating", me, labels)
+    assert "for about 12 minutes" in summary
+    checks = [{"eval_time": "15m", "alertname": "InferenceNotGenerating", "exp_alerts": []},
+              {"eval_time": "18m", "alertname": "InferenceNotGenerating",
+               "exp_alerts": [{"exp_labels": {**labels, "severity": "critical"}, "exp_annotations": {"summary": summary}}]}]
+    out = _run_promtool_test(promtool, tmp_path, me, series, checks)
+    assert out.returncode == 0, out.stdout + out.stderr
