@@ -380,6 +380,7 @@ def service_current(service: str, started_from: str, fingerprint: str, record: s
         logger.info(f"{host.name}: {reason.replace('it started', f'{service} started')}: restarting it")
     yield StringCommand(GATE)
     yield StringCommand("rm", "-f", record)
+    yield StringCommand("sh", "-c", QuoteString(switch_marker_command(node_config())))
     yield StringCommand("systemctl", "restart" if running else "start", service)
 
 
@@ -432,6 +433,20 @@ def endpoint_closed_for_the_switch(service: str, started_from: str, fingerprint:
     yield StringCommand("touch", flag)
     if running:
         yield FunctionCommand(_drain, (node_config(),), {})
+
+
+def switch_marker_path(cfg: NodeConfig) -> str:
+    """Written on a node before a converge (re)starts its service, removed once the switch ended (gated, rolled back
+    or failed): planned work, which the service-down alert does not page for (files/monitoring/node_facts.py). It
+    holds its own bound, so a killed converge's marker stops counting by itself."""
+    return f"/var/lib/inference-nodes/{cfg.container_name}.switching.json"
+
+
+def switch_marker_command(cfg: NodeConfig) -> str:
+    bound = cfg.service_ready_timeout_sec + cfg.endpoint_drain_s + 600  # the load, the drain, the gate's own minutes
+    path = switch_marker_path(cfg)
+    return (f"mkdir -p {posixpath.dirname(path)} && printf '{{\"until\": %s}}\\n' \"$(( $(date +%s) + {bound} ))\" "
+            f"> {path}.tmp && mv -f {path}.tmp {path}")
 
 
 def gate_record_path(cfg: NodeConfig) -> str:
@@ -608,6 +623,17 @@ def _rollback(me: _Member, workers: list[_Member], release: dict, progress) -> t
 
 
 def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: str, workers: tuple[str, ...]) -> bool:
+    """``_switch_ends``, then the node's switch marker goes (a head's: its workers' too), whatever the outcome."""
+    try:
+        return _switch_ends(state, host, head, model, release, record, workers)
+    finally:
+        for h in [host, *(state.inventory.get_host(name) for name in workers)]:
+            if h is host or (h in state.active_hosts or h in state.failed_hosts):
+                member = _Member(h)
+                member.ok(f"rm -f {switch_marker_path(member.cfg)}")
+
+
+def _switch_ends(state, host, head: bool, model: str, release: dict, record: str, workers: tuple[str, ...]) -> bool:
     """Execute time, on one node: wait until its service serves (``_serves``). A head that passes records the
     release it passed with and keeps its files, and its workers', as the last good release. One that fails is
     handled by ``failed_release_policy`` (rollback: the last good release put back on every member, workers

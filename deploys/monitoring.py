@@ -35,7 +35,7 @@ from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.facts.files import Directory, Link
 
 from deploys.endpoint import read_clients, url_host
-from deploys.inference_service import gate_last_path, gate_record_path, started_from_path
+from deploys.inference_service import gate_last_path, gate_record_path, started_from_path, switch_marker_path
 from deploys.inventory import inventory_configs, node_config
 from deploys.model.snapshot import RECORD
 from deploys.ops import (atomic_put, directory_present, distro_unit_masked, follow_up_done, follow_up_reads,
@@ -157,6 +157,7 @@ def render_facts_config(name: str, cfg: NodeConfig, watcher: str | None) -> str:
         "interval_s": cfg.monitoring_facts_interval_s,
         "gate_last": gate_last_path(cfg) if cfg.is_head else None,
         "gate_passed": gate_record_path(cfg) if cfg.is_head else None,
+        "switch_marker": switch_marker_path(cfg),
         "started_from": started_from_path(cfg) if cfg.is_head else None,
         "service": f"{cfg.container_name}.service",
         "smi_timeout_s": SMI_TIMEOUT_S,
@@ -389,8 +390,11 @@ def alert_rules(me: NodeConfig) -> list[dict]:
     rules = [
         ("NodeExporterDown", 'up{job="node"} == 0', me.alert_for_s, "critical",
          "node-exporter on {{ $labels.host }} does not answer: the node is down, unreachable, or its exporter stopped"),
-        ("InferenceServiceDown", 'up{job="vllm"} == 0 or inference_nodes_vllm_metrics_ok == 0 or '
-         'inference_nodes_service_active == 0', me.alert_for_s,
+        # one alert per host whichever way it shows (not one per job); quiet while a converge switches the node
+        # (planned: its load may take longer than alert_for_s), loud again once the switch's bound passed
+        ("InferenceServiceDown", 'max by (cluster, host) (up{job="vllm"} == bool 0 or inference_nodes_vllm_metrics_ok '
+         '== bool 0 or inference_nodes_service_active == bool 0) == 1 unless on (cluster, host) '
+         'inference_nodes_switch_in_progress == 1', me.alert_for_s,
          "critical", "the inference service on {{ $labels.host }} is not running (or its vLLM does not answer /metrics)"),
         ("InferenceServiceRestarting", f"increase(inference_nodes_service_restarts_total[15m]) >= {restarts}", 0,
          "warning", "the inference service on {{ $labels.host }} restarted {{ $value }} times in 15 minutes"),

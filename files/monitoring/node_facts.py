@@ -80,6 +80,8 @@ FAMILIES = {
     "serving_gate_timestamp_seconds": ("gauge", "Unix time of the last serving gate run."),
     "serving_gate_info": ("gauge", "What the last serving gate run tested: release, image and model revision."),
     "service_active": ("gauge", "1 if the inference systemd unit is active, else 0."),
+    "switch_in_progress": ("gauge", "1 while a converge switches this node to another release (its marker, within the "
+                                    "bound the converge wrote), else 0: planned work, not an outage."),
     "serving_release_gated": ("gauge", "Head, service active: 1 if the release it started from passed the serving gate "
                                        "here, 0 if not (a switch, or a converge killed before its gate); absent when "
                                        "the service is not active."),
@@ -250,6 +252,14 @@ def serving_gate_samples(path: str) -> list[Sample]:
             + [("serving_gate_info", info, 1)])
 
 
+def switch_samples(marker: str, now: float) -> list[Sample]:
+    """A converge's switch marker: ``{"until": epoch}``, written before it restarts the node's service and removed once
+    the switch ended (gated, rolled back or failed); a killed converge's marker counts only until its bound."""
+    record = read_record(marker)
+    until = epoch((record or {}).get("until"))
+    return [("switch_in_progress", {}, int(until is not None and now < until))]
+
+
 def gated_samples(run: Run, service: str, started_from: str, gate_passed: str) -> list[Sample]:
     """Whether the active service runs the release the head's gate last passed: the unit and environments its start
     recorded (``started_from``'s first line) are those of the gate's record (``gate_passed``: "unit"). A restart by
@@ -294,6 +304,8 @@ def collect(config: dict, run: Run = subprocess.run, now: Callable[[], float] = 
         sources.append(("serving_gate", lambda: serving_gate_samples(config["gate_last"])))
     if config.get("service"):
         sources.append(("service", lambda: service_samples(run, config["service"])))
+    if config.get("switch_marker"):
+        sources.append(("switch", lambda: switch_samples(config["switch_marker"], now())))
     if config.get("service") and config.get("gate_passed") and config.get("started_from"):  # heads
         sources.append(("gated", lambda: gated_samples(run, config["service"], config["started_from"],
                                                        config["gate_passed"])))

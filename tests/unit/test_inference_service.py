@@ -509,3 +509,19 @@ def test_a_rollback_is_gated_where_the_restored_release_listens_and_by_its_name(
     old = {k: v for k, v in good.items() if k not in ("api_bind_address", "api_port", "served_model_name")}
     back, model = as_released(failed, "renamed", old)
     assert (back.api_port, model) == (8104, "renamed")
+
+
+def test_the_switch_marker_is_json_with_its_bound_from_the_nodes_clock(tmp_path):
+    import subprocess
+    import time
+
+    from deploys.inference_service import switch_marker_command, switch_marker_path
+
+    cfg = LAB["rtx-pro-a.lab.example"]
+    path = switch_marker_path(cfg)
+    command = switch_marker_command(cfg).replace(path, str(tmp_path / "m.json")).replace(
+        "mkdir -p /var/lib/inference-nodes", f"mkdir -p {tmp_path}")
+    subprocess.run(["sh", "-c", command], check=True)
+    until = json.loads((tmp_path / "m.json").read_text())["until"]
+    bound = cfg.service_ready_timeout_sec + cfg.endpoint_drain_s + 600
+    assert abs(until - (time.time() + bound)) < 5

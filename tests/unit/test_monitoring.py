@@ -52,6 +52,7 @@ HEALTHY = [  # a serving head: every series the rules read, at good values (one 
     (f'up{{job="node",{L}}}', "1x20"),
     (f'up{{job="vllm",{L}}}', "1x20"),
     (f'inference_nodes_service_active{{job="node",{L}}}', "1x20"),
+    (f'inference_nodes_switch_in_progress{{job="node",{L}}}', "0x20"),
     (f'inference_nodes_service_restarts_total{{job="node",{L}}}', "0x20"),
     (f'vllm:num_requests_running{{job="vllm",{L}}}', "1x20"),
     (f'vllm:num_requests_waiting{{job="vllm",{L}}}', "0x20"),
@@ -81,7 +82,7 @@ HEALTHY = [  # a serving head: every series the rules read, at good values (one 
 # alert -> (the series that break it, minutes after which it fires, minutes at which it does not yet, extra labels)
 BROKEN = {
     "NodeExporterDown": ({f'up{{job="node",{L}}}': "1 1 0x18"}, 4, 2, {"job": "node"}),
-    "InferenceServiceDown": ({f'up{{job="vllm",{L}}}': "1 1 0x18"}, 4, 2, {"job": "vllm"}),
+    "InferenceServiceDown": ({f'up{{job="vllm",{L}}}': "1 1 0x18"}, 4, 2, {}),
     "InferenceServiceRestarting": ({f'inference_nodes_service_restarts_total{{job="node",{L}}}': "0 0 1 2 3x16"}, 5, 3,
                                    {"job": "node"}),
     "InferenceNotGenerating": ({f'vllm:generation_tokens_total{{job="vllm",{L}}}': "0+600x5 3000x15"}, 10, 6, {}),
@@ -177,7 +178,7 @@ def test_a_head_whose_vllm_stops_answering_on_loopback_is_down(promtool, tmp_pat
     me = _me()
     series = [(s, "1 1 0x18" if "vllm_metrics_ok" in s else v) for s, v in HEALTHY if 'job="vllm"' not in s]
     series += [(f'vllm:generation_tokens_total{{job="node",{L}}}', "0+600x20")]
-    labels = {**N, "job": "node", "severity": "critical"}
+    labels = {**N, "severity": "critical"}
     checks = [{"eval_time": "4m", "alertname": "InferenceServiceDown",
                "exp_alerts": [{"exp_labels": labels, "exp_annotations": {"summary": _summary("InferenceServiceDown", me, labels)}}]}]
     out = _run_promtool_test(promtool, tmp_path, me, series, checks)
@@ -378,5 +379,23 @@ def test_a_stall_fires_not_generating_its_window_after_the_last_token_as_its_tex
     checks = [{"eval_time": "15m", "alertname": "InferenceNotGenerating", "exp_alerts": []},
               {"eval_time": "18m", "alertname": "InferenceNotGenerating",
                "exp_alerts": [{"exp_labels": {**labels, "severity": "critical"}, "exp_annotations": {"summary": summary}}]}]
+    out = _run_promtool_test(promtool, tmp_path, me, series, checks)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_service_down_during_a_converges_switch_is_planned_work_and_one_alert_per_host_after(promtool, tmp_path):
+    """A converge's switch (the node's switch marker) keeps InferenceServiceDown quiet while the new release loads;
+    once the marker goes (the switch ended, or its bound passed) a service still down fires, once for the host,
+    however many of its series say so."""
+    me = _me()
+    down = {f'up{{job="vllm",{L}}}': "1 1 0x18", f'inference_nodes_service_active{{job="node",{L}}}': "1 1 0x18",
+            f'inference_nodes_vllm_metrics_ok{{job="node",{L}}}': "1 1 0x18",
+            f'inference_nodes_switch_in_progress{{job="node",{L}}}': "0 1 1 1 1 1 1 0x13"}
+    series = [(s, down.get(s, v)) for s, v in HEALTHY]
+    labels = {**N, "severity": "critical"}
+    checks = [{"eval_time": "6m", "alertname": "InferenceServiceDown", "exp_alerts": []},
+              {"eval_time": "10m", "alertname": "InferenceServiceDown",
+               "exp_alerts": [{"exp_labels": labels, "exp_annotations": {"summary": _summary("InferenceServiceDown", me,
+                                                                                                labels)}}]}]
     out = _run_promtool_test(promtool, tmp_path, me, series, checks)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -433,3 +433,13 @@ def test_a_head_serving_a_release_its_gate_did_not_pass_says_so(node, tmp_path):
     assert "serving_release_gated" not in names(collect(node, FakeRun(active="inactive\n")))
     node.update(started_from=None, gate_passed=None)  # a worker: no gate, no series
     assert "serving_release_gated" not in names(collect(node, FakeRun(active="active\n")))
+
+
+def test_a_converges_switch_marker_counts_until_its_bound(node, tmp_path):
+    marker = tmp_path / "grandpa.switching.json"
+    node["switch_marker"] = str(marker)
+    assert value(collect(node), "switch_in_progress") == 0  # none
+    marker.write_text(json.dumps({"until": NOW + 600}))
+    assert value(collect(node), "switch_in_progress") == 1
+    marker.write_text(json.dumps({"until": NOW - 1}))  # a killed converge's marker, past its bound
+    assert value(collect(node), "switch_in_progress") == 0
