@@ -395,7 +395,9 @@ def alert_rules(me: NodeConfig) -> list[dict]:
         ("InferenceServiceDown", 'max by (cluster, host) (up{job="vllm"} == bool 0 or inference_nodes_vllm_metrics_ok '
          '== bool 0 or inference_nodes_service_active == bool 0) == 1 unless on (cluster, host) '
          'inference_nodes_switch_in_progress == 1', me.alert_for_s,
-         "critical", "the inference service on {{ $labels.host }} is not running (or its vLLM does not answer /metrics)"),
+         "critical", "the inference service on {{ $labels.host }} is not running, or its vLLM does not answer /metrics (a "
+         "scrape through the endpoint also fails on a rotated monitoring key or an expired certificate: see the "
+         "target's error in Prometheus)"),
         ("InferenceServiceRestarting", f"increase(inference_nodes_service_restarts_total[15m]) >= {restarts}", 0,
          "warning", "the inference service on {{ $labels.host }} restarted {{ $value }} times in 15 minutes"),
         ("InferenceNotGenerating",
