@@ -32,6 +32,7 @@ from deploys.failed_release import failure_record, forget_command, record_comman
 from deploys.model import integrity as model_integrity
 from deploys.host_tuning import render_fabric_env
 from deploys.run.reads import expect, operation, read, run_on
+from deploys.run.state import kept
 from deploys.inventory import cluster_member_names, node_cluster, node_config
 from deploys.model.snapshot import GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER
 from deploys.ops import (atomic_put, directory_present, cluster_all_here, content_fingerprint, files_fingerprint_command, follow_up_done, follow_up_reads,
@@ -559,10 +560,12 @@ def release_named(release: dict) -> str:
     return f"release {release.get('release')} (image {release.get('image')}, {release.get('model_repo')}@{revision[:12]})"
 
 
-def _serves(host, cfg: NodeConfig, head: bool, model: str, run, progress, sudo: dict) -> tuple[bool, str, dict]:
+def _serves(host, cfg: NodeConfig, head: bool, model: str, run, progress, sudo: dict,
+            abort=None) -> tuple[bool, str, dict]:
     """Wait for the service of ``cfg`` (a head: /health; a worker: running), showing its stage as it goes; on a
-    head, then the serving gate. (ok, what happened, the unit's last read)."""
-    ready, why, now = wait_serving(run, cfg, head, cfg.service_ready_timeout_sec, progress)
+    head, then the serving gate. ``abort()``: a reason to stop waiting (a worker failed). (ok, what happened, the
+    unit's last read)."""
+    ready, why, now = wait_serving(run, cfg, head, cfg.service_ready_timeout_sec, progress, abort=abort)
     if not ready or not head:
         return ready, why, now
     progress(why)
@@ -641,9 +644,16 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
     me = _Member(host)
     cfg, service = me.cfg, f"{me.cfg.container_name}.service"
     in_run = [state.inventory.get_host(name) for name in workers]
-    # a worker outside this run (--limit: a head restarted alone) is not reached: it keeps what it kept
+    # a worker outside this run (--limit: a head restarted alone) is not reached: it keeps what it kept; one that
+    # failed in this run (its own start, say) is reached: the cluster rolls back as one, it too
     members = [_Member(h) for h in in_run if h in state.active_hosts and h not in state.failed_hosts]
-    away = [h.name for h in in_run if h not in state.active_hosts or h in state.failed_hosts]
+    away = [h.name for h in in_run if h not in state.active_hosts and h not in state.failed_hosts]
+    failed_switch = kept(state, "switch_failed", dict)  # workers whose own wait failed in this run
+
+    def worker_failed() -> str | None:
+        """Why the job cannot form: a worker of this head failed its switch in this run (its wait runs beside ours)."""
+        names = [h.name for h in in_run if h.name in failed_switch or h in state.failed_hosts]
+        return f"worker {', '.join(names)} failed its switch in this run (its error is above)" if names else None
 
     def progress(line: str) -> None:
         host.log_styled(line, log_func=logger.info)
@@ -667,7 +677,7 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
         write_json(gate_last_path(cfg), {"ok": passed, "at": int(time.time()), "release": of.get("release"),
                                          "image": of.get("image"), "model_revision": of.get("model_revision")})
 
-    ok, why, now = _serves(host, cfg, head, model, me.run, progress, me.sudo)
+    ok, why, now = _serves(host, cfg, head, model, me.run, progress, me.sudo, worker_failed if head else None)
     if ok and not head:
         progress(why)
         return True
@@ -685,6 +695,7 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
     failure = f"{host.name}: {why}"
     policy = cfg.failed_release_policy
     if not head:
+        kept(state, "switch_failed", dict)[host.name] = why  # its head stops waiting for it and rolls back the cluster
         return host_failed(host, failure)
     # remembered on every member: the next converge does not switch the cluster to it again (deploys/failed_release.py)
     remembered = failure_record(release, why)
@@ -699,6 +710,9 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
     if away:
         return host_failed(host, f"{failure}\n{host.name}: its workers {', '.join(away)} are not in this run: nothing "
                                  f"rolled back ({service} left as it is)")
+    # a worker that failed its own switch is reached too: the cluster rolls back as one
+    members += [_Member(h) for h in in_run if h.name in failed_switch or h in state.failed_hosts
+                if h.name not in {m.host.name for m in members}]
     good, what = _rollback(me, members, release, progress)
     if good is None:
         return host_failed(host, f"{failure}\n{host.name}: {what} ({service} left as it is)")

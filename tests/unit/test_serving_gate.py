@@ -480,3 +480,16 @@ def test_a_single_node_never_says_it_waits_for_other_nodes():
     assert startup_stage(journal, multi_node=False) == ""
     assert startup_stage(journal, multi_node=True) == "waiting for the other nodes"
     assert startup_stage(["Loading weights took 3 s", *journal], multi_node=False) == "loading weights"
+
+
+def test_a_head_stops_waiting_once_a_worker_of_its_job_failed(monkeypatch):
+    """A worker whose own switch failed in this run: its head's job cannot form, so the head stops waiting at once
+    (not after service_ready_timeout_sec) and says why, for the cluster's rollback."""
+    from deploys import serving_gate
+
+    monkeypatch.setattr(serving_gate.time, "sleep", lambda s: None)
+    run, seen = _node([_read(journal=["Loading weights"]), _read(journal=["world_size=2 waiting"]), _read(health=200)])
+    failed = iter([None, "worker sandbox-b1 failed its switch in this run"])
+    ok, why, _ = serving_gate.wait_serving(run, _cfg(), True, 600, abort=lambda: next(failed))
+    assert not ok and len(seen) == 2
+    assert why.startswith("grandpa.service: worker sandbox-b1 failed its switch in this run"), why
