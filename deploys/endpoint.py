@@ -118,6 +118,7 @@ def render_maps(cfg: NodeConfig, clients: dict[str, str]) -> tuple[str, str]:
     return header + lines((n, k) for n, k in clients.items() if n != cfg.endpoint_metrics_client), header + lines(monitor)
 
 
+UPSTREAM_IDLE_S = 4  # how long nginx keeps an idle connection to vLLM (uvicorn closes its own after 5 s)
 RETRY_AFTER_S = 30  # what a client is told to wait while the door is closed
 CLOSED_BODY = ('{"error": {"message": "the service is switching to another release; try again shortly", '
                '"type": "service_unavailable", "code": 503}}')
@@ -186,6 +187,7 @@ http {{
     upstream vllm {{
         server {upstream};
         keepalive 16;
+        keepalive_timeout {UPSTREAM_IDLE_S}s;  # below vLLM's own 5 s: nginx never reuses a connection vLLM is closing
     }}
 
     server {{

@@ -196,3 +196,15 @@ def test_an_endpoint_turned_off_leaves_nothing_listening(sandbox, tmp_path):
     cfg = _cfg()
     status = _status(cfg, _keys(cfg)["demo"], _chat(4))
     assert status == 200, status
+
+
+def test_requests_spaced_at_vllms_idle_limit_never_get_a_502(sandbox):
+    """vLLM (uvicorn) closes an idle connection after 5 s; nginx keeps its idle upstream connections 4 s, so a request
+    that comes as vLLM closes one never lands on it (with nginx's default 60 s: an occasional 502)."""
+    cfg = _cfg()
+    key = _keys(cfg)["demo"]
+    statuses = []
+    for _ in range(8):
+        statuses.append(_status(cfg, key, _chat(4)))
+        time.sleep(5.0)
+    assert statuses == [200] * 8, statuses
