@@ -5,24 +5,26 @@ NVIDIA's own instructions leave `cuda-keyring`'s `.list` (Signed-By `cuda-archiv
 literal `$(ARCH)` apt expands) on most GPU hosts. A second source for the same URI with another keyring makes
 apt refuse every source list (`E: Conflicting values set for option Signed-By`, `E: The list of sources could
 not be read`): no update, no install, no security upgrades on the whole host. The toolkit's own source, with
-its fingerprint-checked keyring, replaces such a source: the file is renamed `<name>.disabled` (apt ignores
-that suffix silently; the admin can see and restore it), before the run's first apt command. Preflight names
-each file first.
+its fingerprint-checked keyring, replaces such a source: each such entry is disabled where it is, never the file
+around it (a hand-added CUDA line in `/etc/apt/sources.list` is commented out, its distribution lines and their
+security updates stay; a deb822 stanza gets `Enabled: no`), each change marked with what it was and the file's
+first state kept beside it (`<file>.inference-nodes-orig`), before the run's first apt command
+(files/apt/nvidia_sources.py). Preflight names each entry first.
 """
 
 from __future__ import annotations
 
 from pyinfra import host, logger
-from pyinfra.api import QuoteString, StringCommand
+from pyinfra.api import StringCommand
 
 from deploys.run.reads import operation, read
 from deploys.schema import NodeConfig
-from facts.apt import AptSourcesNaming
+from deploys.ops import fail_host
+from facts.apt import AptSourcesNaming, nvidia_sources_command
 
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}  # node_arch -> Debian's name
 CUDA_SOURCE = "/etc/apt/sources.list.d/inference-nodes-nvidia-cuda.sources"
 TOOLKIT_SOURCE = "/etc/apt/sources.list.d/inference-nodes-nvidia-container-toolkit.sources"
-DISABLED = ".disabled"
 
 
 def cuda_repo_path(os_release: dict, arch: str) -> str:
@@ -52,16 +54,20 @@ def sources_args(cfg: NodeConfig) -> dict:
 
 @operation()
 def foreign_sources_disabled(uris: tuple[str, ...], own: tuple[str, ...]):
-    """Rename every other apt source for the toolkit's repos to `<name>.disabled` (module docstring).
+    """Disable every other apt entry for the toolkit's repos, entry by entry (module docstring).
 
     + uris: the repo URIs the toolkit's own sources name
     + own: the toolkit's own source files
     """
     found = read(host, AptSourcesNaming, uris=uris, own=own)
-    if not found:
+    if found["mixed"]:
+        yield fail_host(f"{host.name}: a deb822 apt stanza names an NVIDIA repo the toolkit's own source names beside "
+                        f"other repos ({'; '.join(found['mixed'])}): give the NVIDIA URI a stanza of its own (or "
+                        "remove it), so it can be disabled without the others")
+        return
+    if not found["entries"]:
         host.noop("no other apt source names the NVIDIA repos")
         return
-    logger.info(f"{host.name}: disabling apt sources for the repos the toolkit's own sources name (a second "
-                f"Signed-By for one URI breaks apt): {', '.join(found)} -> {DISABLED}")
-    for path in found:
-        yield StringCommand("mv", "-f", QuoteString(path), QuoteString(path + DISABLED))
+    logger.info(f"{host.name}: disabling apt entries for the repos the toolkit's own sources name (a second "
+                f"Signed-By for one URI breaks apt): {', '.join(found['entries'])}")
+    yield StringCommand(nvidia_sources_command("disable", uris, own))

@@ -98,7 +98,7 @@ def package_manager_ready():
     the lock wait for every later apt command, then a consistent dpkg."""
     sources = sources_args(node_config())
     expect([(ManagedFiles, {"paths": (LOCK_DROPIN,)}), (DpkgAudit, {}), (AptSourcesNaming, sources)])
-    foreign_sources_disabled(name="Disable other apt sources for the NVIDIA repos (renamed .disabled)", **sources)
+    foreign_sources_disabled(name="Disable other apt entries for the NVIDIA repos (entry by entry)", **sources)
     atomic_put(name="Wait for a held dpkg lock instead of failing (apt.conf.d)", src=StringIO(render_lock_dropin(lock_timeout())),
                dest=LOCK_DROPIN, user="root", group="root", mode="0644", create_remote_dir=False)
     dpkg_repaired(name="Finish an interrupted dpkg run (dpkg --configure -a)")

@@ -221,9 +221,10 @@ def preflight():
     # before its problems
     run = kept(host.state, "preflight", _Run)
     run.rows[host.name] = row_for(host.name, cfg, res, shm_bytes, smi, state, podman)
-    if foreign:
-        run.notes[host.name] = (f"apt sources for the NVIDIA repos beside the toolkit's own (a second Signed-By for "
-                                f"one URI breaks apt), disabled by this run (renamed .disabled): {', '.join(foreign)}")
+    if foreign["entries"]:
+        run.notes[host.name] = (f"apt entries for the NVIDIA repos beside the toolkit's own (a second Signed-By for "
+                                f"one URI breaks apt), disabled by this run, entry by entry: "
+                                f"{', '.join(foreign['entries'])}")
     run.problems[host.name] = (problems_for(cfg, res, shm_bytes, smi, addresses, devices)
                                + driver_problems(cfg, state, secure_boot, nvswitch))
     cluster_fits(name="Preflight: every member of this cluster can run it", cluster=cfg.cluster_name,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from pyinfra.api import FactBase
+from pyinfra.api.exceptions import FactProcessError
 
 
 def held_packages(showhold: list[str]) -> list[str]:
@@ -50,19 +52,26 @@ class KeyringFingerprints(FactBase[list]):
         return primaries
 
 
-class AptSourcesNaming(FactBase[list]):
-    """apt source files (`/etc/apt/sources.list`, `sources.list.d/*.list`, `*.sources`) other than ``own`` with an
-    uncommented line naming any of ``uris`` (as a prefix: `…/amd64` matches `…/amd64/`), in the order apt reads them."""
-
-    default = list
+class AptSourcesNaming(FactBase[dict]):
+    """The enabled apt entries, in files other than ``own``, that name any of ``uris`` (as a prefix: `…/amd64` matches
+    `…/amd64/`), in the order apt reads them: ``{"entries": ["<file>:<line>", ...], "mixed": [...]}`` (``mixed``:
+    deb822 stanzas whose URIs name an NVIDIA repo and others: files/apt/nvidia_sources.py). A commented line or a
+    stanza with `Enabled: no` does not count."""
 
     def command(self, uris: tuple[str, ...], own: tuple[str, ...], etc: str = "/etc/apt") -> str:
-        patterns = " ".join(f"-e {shlex.quote(u)}" for u in uris)
-        skip = "|".join(shlex.quote(p) for p in own) or "''"
-        e = shlex.quote(etc)
-        return (f"for f in {e}/sources.list {e}/sources.list.d/*.list {e}/sources.list.d/*.sources; do "
-                f'[ -f "$f" ] || continue; case "$f" in {skip}) continue;; esac; '
-                f'sed "s/#.*//" "$f" | grep -qF {patterns} && echo "$f"; done; true')
+        return nvidia_sources_command("find", uris, own, etc)
 
-    def process(self, output: list[str]) -> list[str]:
-        return [line.strip() for line in output if line.strip()]
+    def process(self, output: list[str]) -> dict:
+        try:
+            report = json.loads(output[-1])
+        except (IndexError, ValueError) as e:
+            raise FactProcessError(f"AptSourcesNaming: unexpected output {output[-3:]!r}") from e
+        return {"entries": list(report.get("entries", [])), "mixed": list(report.get("mixed", []))}
+
+
+def nvidia_sources_command(mode: str, uris: tuple[str, ...], own: tuple[str, ...], etc: str = "/etc/apt") -> str:
+    """files/apt/nvidia_sources.py run on the node with `python3 -c` (``mode``: find or disable)."""
+    from files import helper_text
+
+    args = " ".join(shlex.quote(a) for a in (mode, etc, ",".join(own), *uris))
+    return f"python3 -c {shlex.quote(helper_text('apt/nvidia_sources.py'))} {args}"

@@ -76,12 +76,12 @@ def test_registries_and_credentials(node):
 
 def test_no_other_apt_source_names_the_nvidia_repos(node):
     """A second source for one of the toolkit's repo URIs with its own Signed-By (NVIDIA's cuda-keyring and
-    container-toolkit `.list` files) makes apt refuse every source list; the deploy disables such files."""
+    container-toolkit `.list` files) makes apt refuse every source list; the deploy disables such entries."""
     from deploys.apt_sources import sources_args
     from facts.apt import AptSourcesNaming
 
     fact = AptSourcesNaming()
     found = fact.process(node.host.check_output(fact.command(**sources_args(node.cfg))).splitlines())
-    assert found == [], f"apt sources besides the toolkit's own name its NVIDIA repos: {found}"
+    assert found == {"entries": [], "mixed": []}, f"apt entries besides the toolkit's own name its NVIDIA repos: {found}"
     listed = node.host.run("apt-get indextargets --format '$(URI)'")  # apt reads every source list (no network)
     assert listed.rc == 0 and "Conflicting values" not in listed.stderr, listed.stderr

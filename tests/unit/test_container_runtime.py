@@ -135,7 +135,93 @@ def test_other_sources_for_the_nvidia_repos_are_found_as_apt_reads_them(tmp_path
     args["own"] = (str(etc / "sources.list.d" / "own.sources"),)
     fact = AptSourcesNaming()
     out = subprocess.run(["sh", "-c", fact.command(**args, etc=str(etc))], capture_output=True, text=True, check=True)
-    assert fact.process(out.stdout.splitlines()) == [str(etc / "sources.list.d" / n) for n in
-                                                     ("cuda-ubuntu2404-x86_64.list", "nvidia-container-toolkit.list")]
+    assert fact.process(out.stdout.splitlines())["entries"] == [
+        f"{etc / 'sources.list.d' / n}:1" for n in ("cuda-ubuntu2404-x86_64.list", "nvidia-container-toolkit.list")]
     ubuntu = sources_args(cfg.model_copy(update={"nvidia_driver_source": "ubuntu_archive"}))
     assert not any("cuda" in u for u in ubuntu["uris"])  # the CUDA repo is not added: its sources stay
+
+
+def _apt_dir(tmp_path):
+    etc = tmp_path / "apt"
+    (etc / "sources.list.d").mkdir(parents=True)
+    (etc / "apt.conf.d").mkdir()
+    (etc / "preferences.d").mkdir()
+    return etc
+
+
+DEBIAN = "deb http://deb.debian.org/debian trixie main\ndeb http://security.debian.org/debian-security trixie-security main\n"
+CUDA_LINE = "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] http://r.example/cuda/repos/ubuntu2404/x86_64/ /\n"
+UBUNTU_SOURCES = ("Types: deb\nURIs: http://archive.ubuntu.com/ubuntu/\nSuites: noble noble-updates\nComponents: main\n"
+                  "Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg\n\n"
+                  "Types: deb\nURIs: http://r.example/libnvidia-container/stable/deb/amd64/\nSuites: /\n"
+                  "Signed-By: /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg\n")
+
+
+def _indextargets(etc) -> set[str]:
+    """What real apt reads from this directory (`apt-get update --print-uris`: no network): each repository's URI."""
+    import subprocess
+
+    for d in ("state/lists/partial", "cache/archives/partial"):
+        (etc / d).mkdir(parents=True, exist_ok=True)
+    out = subprocess.run(["apt-get", "-o", f"Dir::Etc={etc}", "-o", "Dir::Etc::sourcelist=sources.list",
+                          "-o", f"Dir::Etc::sourceparts={etc}/sources.list.d", "-o", f"Dir::State={etc}/state",
+                          "-o", f"Dir::Cache={etc}/cache", "update", "--print-uris"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    uris = [line.split("'")[1] for line in out.stdout.splitlines() if line.startswith("'") and "InRelease'" in line]
+    return {u.split("/dists/")[0] if "/dists/" in u else u.rsplit("/", 1)[0] for u in uris}
+
+
+def test_only_the_nvidia_entries_are_disabled_never_the_distribution_lines_beside_them(tmp_path):
+    """A hand-added CUDA line in sources.list beside Debian's, and a deb822 ubuntu.sources with an NVIDIA stanza
+    beside Ubuntu's: the NVIDIA entries go (a `#`, `Enabled: no`), each marked and the first state kept; real apt
+    still reads every distribution entry, and no longer the NVIDIA ones. Twice is once."""
+    import subprocess
+
+    from deploys.apt_sources import sources_args
+    from facts.apt import AptSourcesNaming, nvidia_sources_command
+
+    cfg = NodeConfig.model_validate({**profile("rtx_pro_6000_pair"), "nvidia_repo_url": "http://r.example/cuda/repos",
+                                     "nvidia_toolkit_repo_url": "http://r.example/libnvidia-container/stable/deb"})
+    etc = _apt_dir(tmp_path)
+    (etc / "sources.list").write_text(DEBIAN + CUDA_LINE)
+    (etc / "sources.list.d" / "ubuntu.sources").write_text(UBUNTU_SOURCES)
+    args = {**sources_args(cfg), "own": ()}
+    fact = AptSourcesNaming()
+
+    def found():
+        out = subprocess.run(["sh", "-c", fact.command(**args, etc=str(etc))], capture_output=True, text=True,
+                             check=True)
+        return fact.process(out.stdout.splitlines())
+
+    before = _indextargets(etc)
+    assert {"http://r.example/cuda/repos/ubuntu2404/x86_64", "http://deb.debian.org/debian",
+            "http://archive.ubuntu.com/ubuntu", "http://r.example/libnvidia-container/stable/deb/amd64"} <= before
+    assert found() == {"entries": [f"{etc}/sources.list:3", f"{etc}/sources.list.d/ubuntu.sources:7"], "mixed": []}
+    for _ in range(2):
+        subprocess.run(["sh", "-c", nvidia_sources_command("disable", args["uris"], args["own"], str(etc))],
+                       check=True, capture_output=True)
+    assert found() == {"entries": [], "mixed": []}
+    after = _indextargets(etc)
+    assert after == {u for u in before if "r.example" not in u} and after, (before, after)
+    listing = (etc / "sources.list").read_text()
+    assert listing.startswith(DEBIAN) and "# inference-nodes: disabled" in listing and CUDA_LINE.strip() in listing
+    stanza = (etc / "sources.list.d" / "ubuntu.sources").read_text()
+    assert "Enabled: no" in stanza and stanza.count("Enabled: no") == 1
+    assert (etc / "sources.list.inference-nodes-orig").read_text() == DEBIAN + CUDA_LINE
+
+
+def test_a_stanza_mixing_an_nvidia_uri_with_others_is_reported_not_split(tmp_path):
+    import subprocess
+
+    from facts.apt import AptSourcesNaming
+
+    etc = _apt_dir(tmp_path)
+    (etc / "sources.list").write_text(DEBIAN)
+    (etc / "sources.list.d" / "mixed.sources").write_text(
+        "Types: deb\nURIs: http://archive.ubuntu.com/ubuntu/ http://r.example/cuda/repos/ubuntu2404/x86_64/\n"
+        "Suites: noble\nComponents: main\n")
+    fact = AptSourcesNaming()
+    cmd = fact.command(uris=("http://r.example/cuda/repos/",), own=(), etc=str(etc))
+    out = fact.process(subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=True).stdout.splitlines())
+    assert out["entries"] == [] and out["mixed"] == [f"{etc}/sources.list.d/mixed.sources: URIs: "
+                                                     "http://archive.ubuntu.com/ubuntu/ http://r.example/cuda/repos/ubuntu2404/x86_64/"]
