@@ -119,9 +119,31 @@ def render_maps(cfg: NodeConfig, clients: dict[str, str]) -> tuple[str, str]:
 
 
 UPSTREAM_IDLE_S = 4  # how long nginx keeps an idle connection to vLLM (uvicorn closes its own after 5 s)
-RETRY_AFTER_S = 30  # what a client is told to wait while the door is closed
-CLOSED_BODY = ('{"error": {"message": "the service is switching to another release; try again shortly", '
-               '"type": "service_unavailable", "code": 503}}')
+RETRY_AFTER_S = 30  # what a client is told to wait while the door is closed (and after a rate or upstream refusal)
+
+
+def error_body(status: int, kind: str, message: str) -> str:
+    """An OpenAI-style error (`{"error": {"message", "type", "code"}}`) as nginx returns it: one single-quoted
+    string, so no quote and no `$` (nginx would read a variable) in ``message``."""
+    assert "'" not in message and "$" not in message and '"' not in message
+    return f'{{"error": {{"message": "{message}", "type": "{kind}", "code": {status}}}}}'
+
+
+CLOSED_BODY = error_body(503, "service_unavailable", "the service is switching to another release; try again shortly")
+# What nginx answers itself, each as OpenAI clients read an error (they show the message, not only the status)
+REFUSALS = {
+    401: ("authentication_error", "a valid API key is required: Authorization: Bearer <your key>"),
+    404: ("not_found_error", "no such route on this endpoint"),
+    405: ("invalid_request_error", "this route does not take that method"),
+    413: ("invalid_request_error", "the request body is larger than this endpoint takes"),
+    429: ("rate_limit_error", "too many requests for this key; slow down and retry"),
+    502: ("service_unavailable", "the inference service does not answer; try again shortly"),
+    504: ("service_unavailable", "the inference service did not answer in time"),
+}
+
+
+def refusal(status: int) -> str:
+    return f"return {status} '{error_body(status, *REFUSALS[status])}';"
 
 
 CLOSED_DIR = "/var/lib/inference-nodes-endpoint"  # 0755 root: nginx's workers (www-data) must see into it
@@ -134,15 +156,19 @@ def closed_flag_path(cfg: NodeConfig) -> str:
     return f"{CLOSED_DIR}/{cfg.container_name}.closed"
 
 
+def _methods(method: str) -> str:
+    return "(GET|HEAD)" if method == "GET" else f"({method})"
+
+
 def render_conf(cfg: NodeConfig) -> str:
     """nginx's whole configuration for the endpoint. Every value is a validated number, address or route."""
     upstream = f"{url_host(cfg.api_bind_address)}:{cfg.api_port}"
     routes = "".join(
         f"""
         location = {route} {{
-            if ($endpoint_client = "") {{ return 401; }}
+            if ($endpoint_client = "") {{ add_header WWW-Authenticate Bearer always; {refusal(401)} }}
             if (-f {closed_flag_path(cfg)}) {{ add_header Retry-After {RETRY_AFTER_S} always; return 503 '{CLOSED_BODY}'; }}
-            limit_except {ENDPOINT_ROUTES[route]} {{ deny all; }}
+            if ($request_method !~ ^{_methods(ENDPOINT_ROUTES[route])}$) {{ add_header Allow "{ENDPOINT_ROUTES[route]}" always; {refusal(405)} }}
             limit_req zone=endpoint_clients burst={cfg.endpoint_rate_burst} nodelay;
             proxy_pass http://vllm;
         }}
@@ -213,20 +239,30 @@ http {{
         default_type application/json;  # what nginx answers itself (the closed door's JSON); vLLM's own types pass
 {routes}
         location = /health {{
-            if ($endpoint_client = "") {{ return 401; }}
-            limit_except GET {{ deny all; }}
+            if ($endpoint_client = "") {{ add_header WWW-Authenticate Bearer always; {refusal(401)} }}
+            if ($request_method !~ ^(GET|HEAD)$) {{ add_header Allow "GET" always; {refusal(405)} }}
             proxy_pass http://vllm;
         }}
 
         location = /metrics {{
-            if ($endpoint_monitor = "") {{ return 401; }}
-            limit_except GET {{ deny all; }}
+            if ($endpoint_monitor = "") {{ add_header WWW-Authenticate Bearer always; {refusal(401)} }}
+            if ($request_method !~ ^(GET|HEAD)$) {{ add_header Allow "GET" always; {refusal(405)} }}
             proxy_pass http://vllm;
         }}
 
         location / {{
-            return 404;
+            {refusal(404)}
         }}
+
+        # what nginx itself refuses or cannot reach, as JSON too (vLLM's own errors pass through as they are)
+        error_page 413 @too_large;
+        error_page 429 @rate_limited;
+        error_page 502 @unreachable;
+        error_page 504 @too_slow;
+        location @too_large {{ {refusal(413)} }}
+        location @rate_limited {{ add_header Retry-After {RETRY_AFTER_S} always; {refusal(429)} }}
+        location @unreachable {{ add_header Retry-After {RETRY_AFTER_S} always; {refusal(502)} }}
+        location @too_slow {{ {refusal(504)} }}
     }}
 }}
 """

@@ -172,7 +172,7 @@ def test_the_config_routes_only_the_allowed_paths_and_carries_no_key(lab):
     conf = render_conf(cfg)
     assert re.findall(r"location = (\S+)", conf) == ["/v1/chat/completions", "/v1/models", "/tokenize", "/health",
                                                      "/metrics"]
-    assert "location / {\n            return 404;" in conf
+    assert "location / {\n            return 404 '{\"error\": {\"message\": \"no such route" in conf
     assert "listen 192.0.2.10:8000 ssl;" in conf and "server 127.0.0.1:8000;" in conf
     for setting in ("proxy_buffering off;", "proxy_read_timeout 3600s;", "proxy_send_timeout 3600s;",
                     "client_max_body_size 64m;", "rate=600r/m;", "burst=60 nodelay;", 'proxy_set_header Authorization "";'):

@@ -582,3 +582,50 @@ def test_the_closed_door_answers_json_503_with_retry_after_and_opens_with_its_fl
     assert opened.strip().startswith("HTTP/1.1 502"), opened
     assert key not in out.stdout + out.stderr
     shutil.rmtree(flag_dir)
+
+
+def test_every_refusal_of_the_endpoint_is_an_openai_style_json_error(nginx, lab, tmp_path):
+    """The real nginx with the rendered configuration (no vLLM behind it): no key 401 (WWW-Authenticate), a wrong
+    method 405 (Allow), a path off the list 404, a body over endpoint_max_body_mb 413, beyond the key's rate 429
+    (Retry-After), vLLM unreachable 502 (Retry-After): each `{"error": {"message", "type", "code"}}`."""
+    cfg = validate_hosts(node_a(**_files(lab), endpoint_max_body_mb=1, endpoint_rate_per_minute=1,
+                                endpoint_rate_burst=1))["node-a"]
+    root = nginx_root(tmp_path, cfg)
+    key = next(k for n, k in (line.split() for line in open(cfg.endpoint_clients_file) if line.strip()
+                              and not line.startswith("#")) if n != cfg.endpoint_metrics_client)
+    (tmp_path / "auth").write_text(f"Authorization: Bearer {key}\n")
+    os.chmod(tmp_path / "auth", 0o600)
+    (tmp_path / "big.json").write_text('{"x": "' + "a" * (2 * 2**20) + '"}')
+    base = f"https://{cfg.endpoint_address}:{cfg.endpoint_port}"
+    curl = f"curl -s -D - --cacert {cfg.endpoint_tls_ca}"
+    auth = f"-H @{tmp_path / 'auth'}"
+    asks = {
+        "no key": f"{curl} -X POST -d {{}} {base}/v1/chat/completions",
+        "wrong method": f"{curl} {auth} -X GET {base}/v1/chat/completions",
+        "off the list": f"{curl} {auth} -X POST -d {{}} {base}/v1/fine_tuning/jobs",
+        "too large": f"{curl} {auth} -X POST --data-binary @{tmp_path / 'big.json'} {base}/v1/completions",
+        "unreachable": f"{curl} {auth} -X POST -d {{}} {base}/v1/completions",
+        "over its rate": f"curl -s -o /dev/null --cacert {cfg.endpoint_tls_ca} {auth} -X POST -d {{}} "
+                         f"{base}/v1/completions; "  # the burst's one
+                         f"{curl} {auth} -X POST -d {{}} {base}/v1/completions",
+    }
+    body = " ".join(f'echo "=={name}"; {cmd}; echo;' for name, cmd in asks.items())
+    script = (f'"$1" -p "$2" -e stderr -c "$2/nginx.conf" & pid=$!; for i in $(seq 50); do curl -s -o /dev/null '
+              f'--cacert {cfg.endpoint_tls_ca} {base}/ && break; sleep 0.1; done; {body} kill $pid; wait $pid; true')
+    out = in_own_network(cfg, script, nginx, str(root))
+    answers = {}
+    for part in out.stdout.split("==")[1:]:
+        name, _, rest = part.partition("\n")
+        head, _, text = rest.strip().partition("\n\n")
+        answers[name] = (int(head.split()[1]), head, json.loads(text)["error"])
+    expect = {"no key": (401, "WWW-Authenticate: Bearer", "authentication_error"),
+              "wrong method": (405, "Allow: POST", "invalid_request_error"),
+              "off the list": (404, "", "not_found_error"),
+              "too large": (413, "", "invalid_request_error"),
+              "unreachable": (502, "Retry-After: 30", "service_unavailable"),
+              "over its rate": (429, "Retry-After: 30", "rate_limit_error")}
+    for name, (status, header, kind) in expect.items():
+        got, head, error = answers[name]
+        assert got == status and header in head and "Content-Type: application/json" in head, (name, head)
+        assert error["type"] == kind and error["code"] == status and error["message"], (name, error)
+    assert key not in out.stdout + out.stderr
