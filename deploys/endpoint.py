@@ -156,6 +156,9 @@ def closed_flag_path(cfg: NodeConfig) -> str:
     return f"{CLOSED_DIR}/{cfg.container_name}.closed"
 
 
+ANONYMOUS = "/__inference_nodes_anonymous"  # the internal location every request without a valid key goes through
+
+
 def _methods(method: str) -> str:
     return "(GET|HEAD)" if method == "GET" else f"({method})"
 
@@ -166,10 +169,11 @@ def render_conf(cfg: NodeConfig) -> str:
     routes = "".join(
         f"""
         location = {route} {{
-            if ($endpoint_client = "") {{ add_header WWW-Authenticate Bearer always; {refusal(401)} }}
+            if ($endpoint_client = "") {{ rewrite ^ {ANONYMOUS} last; }}
             if (-f {closed_flag_path(cfg)}) {{ add_header Retry-After {RETRY_AFTER_S} always; return 503 '{CLOSED_BODY}'; }}
             if ($request_method !~ ^{_methods(ENDPOINT_ROUTES[route])}$) {{ add_header Allow "{ENDPOINT_ROUTES[route]}" always; {refusal(405)} }}
             limit_req zone=endpoint_clients burst={cfg.endpoint_rate_burst} nodelay;
+            limit_conn endpoint_inflight {cfg.endpoint_key_concurrency};
             proxy_pass http://vllm;
         }}
 """ for route in cfg.endpoint_routes)
@@ -208,7 +212,10 @@ http {{
     access_log {ACCESS_LOG} endpoint;
 
     limit_req_zone $endpoint_client zone=endpoint_clients:1m rate={cfg.endpoint_rate_per_minute}r/m;
+    limit_req_zone $binary_remote_addr zone=endpoint_anonymous:1m rate={cfg.endpoint_anonymous_per_minute}r/m;
+    limit_conn_zone $endpoint_client zone=endpoint_inflight:1m;
     limit_req_status 429;
+    limit_conn_status 429;
 
     upstream vllm {{
         server {upstream};
@@ -239,13 +246,13 @@ http {{
         default_type application/json;  # what nginx answers itself (the closed door's JSON); vLLM's own types pass
 {routes}
         location = /health {{
-            if ($endpoint_client = "") {{ add_header WWW-Authenticate Bearer always; {refusal(401)} }}
+            if ($endpoint_client = "") {{ rewrite ^ {ANONYMOUS} last; }}
             if ($request_method !~ ^(GET|HEAD)$) {{ add_header Allow "GET" always; {refusal(405)} }}
             proxy_pass http://vllm;
         }}
 
         location = /metrics {{
-            if ($endpoint_monitor = "") {{ add_header WWW-Authenticate Bearer always; {refusal(401)} }}
+            if ($endpoint_monitor = "") {{ rewrite ^ {ANONYMOUS} last; }}
             if ($request_method !~ ^(GET|HEAD)$) {{ add_header Allow "GET" always; {refusal(405)} }}
             proxy_pass http://vllm;
         }}
@@ -253,6 +260,16 @@ http {{
         location / {{
             {refusal(404)}
         }}
+
+        # a request without a valid key: counted per address (a `return` would answer before any limit applies), then
+        # 401 from the try-files phase, which comes after the limits
+        location = {ANONYMOUS} {{
+            internal;
+            limit_req zone=endpoint_anonymous burst=10 nodelay;
+            try_files /nonexistent =401;
+        }}
+        error_page 401 @unauthenticated;
+        location @unauthenticated {{ add_header WWW-Authenticate Bearer always; {refusal(401)} }}
 
         # what nginx itself refuses or cannot reach, as JSON too (vLLM's own errors pass through as they are)
         error_page 413 @too_large;

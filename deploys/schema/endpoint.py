@@ -74,6 +74,14 @@ class EndpointKeys(ComponentKeys):
     endpoint_rate_per_minute: int = _key(
         600, description="requests a client key may make per minute (beyond the burst: HTTP 429)", ge=1, le=1_000_000,
     )
+    endpoint_key_concurrency: int = _key(
+        4, description="requests one client key may have in flight at once (beyond: HTTP 429), so one key cannot hold "
+        "every sequence the engine runs", ge=1, le=10_000,
+    )
+    endpoint_anonymous_per_minute: int = _key(
+        60, description="requests without a valid key one address may make per minute before they get 429 instead "
+        "of 401 (a burst of 10 above it)", ge=1, le=1_000_000,
+    )
     endpoint_drain_s: int = _key(
         120, description="a switch (a converge's restart of the head) first closes the endpoint to new API requests "
         "(JSON 503 with `Retry-After`), then waits this long at most for the requests in flight to finish before the "

@@ -171,7 +171,7 @@ def test_the_config_routes_only_the_allowed_paths_and_carries_no_key(lab):
     cfg = validate_hosts(_a(lab, endpoint_routes=["/v1/chat/completions", "/v1/models", "/tokenize"]))["node-a"]
     conf = render_conf(cfg)
     assert re.findall(r"location = (\S+)", conf) == ["/v1/chat/completions", "/v1/models", "/tokenize", "/health",
-                                                     "/metrics"]
+                                                     "/metrics", "/__inference_nodes_anonymous"]
     assert "location / {\n            return 404 '{\"error\": {\"message\": \"no such route" in conf
     assert "listen 192.0.2.10:8000 ssl;" in conf and "server 127.0.0.1:8000;" in conf
     for setting in ("proxy_buffering off;", "proxy_read_timeout 3600s;", "proxy_send_timeout 3600s;",

@@ -629,3 +629,43 @@ def test_every_refusal_of_the_endpoint_is_an_openai_style_json_error(nginx, lab,
         assert got == status and header in head and "Content-Type: application/json" in head, (name, head)
         assert error["type"] == kind and error["code"] == status and error["message"], (name, error)
     assert key not in out.stdout + out.stderr
+
+
+SLOW_VLLM = """
+import http.server, sys, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        time.sleep(3)
+        body = b'{"choices": []}'
+        self.send_response(200); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_key_holds_at_most_its_concurrency_and_an_address_without_a_key_is_limited(nginx, lab, tmp_path):
+    """The real nginx in front of a slow stand-in of vLLM: with endpoint_key_concurrency 2, four requests of one key
+    at once get two answers and two JSON 429s; requests without a key beyond endpoint_anonymous_per_minute (and its
+    burst of 10) get 429 instead of 401 (a `return 401` would have answered before any limit)."""
+    cfg = validate_hosts(node_a(**_files(lab), endpoint_key_concurrency=2, endpoint_anonymous_per_minute=1))["node-a"]
+    root = nginx_root(tmp_path, cfg)
+    key = next(k for n, k in (line.split() for line in open(cfg.endpoint_clients_file) if line.strip()
+                              and not line.startswith("#")) if n != cfg.endpoint_metrics_client)
+    (tmp_path / "auth").write_text(f"Authorization: Bearer {key}\n")
+    os.chmod(tmp_path / "auth", 0o600)
+    (tmp_path / "vllm.py").write_text(SLOW_VLLM)
+    base = f"https://{cfg.endpoint_address}:{cfg.endpoint_port}"
+    code = f"curl -s -o /dev/null -w '%{{http_code}}\\n' --cacert {cfg.endpoint_tls_ca} -X POST -d {{}}"
+    script = (f'python3 {tmp_path / "vllm.py"} {cfg.api_port} & v=$!; "$1" -p "$2" -e stderr -c "$2/nginx.conf" & '
+              f'pid=$!; for i in $(seq 50); do curl -s -o /dev/null --cacert {cfg.endpoint_tls_ca} {base}/ && break; '
+              f'sleep 0.1; done; echo "==key"; for i in 1 2 3 4; do {code} -H @{tmp_path / "auth"} '
+              f'{base}/v1/completions > {tmp_path}/k$i & done; wait %3 %4 %5 %6 2>/dev/null; sleep 4; cat {tmp_path}/k*; '
+              f'echo "==anonymous"; for i in $(seq 14); do {code} {base}/v1/completions; done; '
+              f'kill $pid $v; wait $pid 2>/dev/null; true')
+    out = in_own_network(cfg, script, nginx, str(root))
+    keyed = out.stdout.split("==key", 1)[1].split("==anonymous", 1)[0].split()
+    anonymous = out.stdout.split("==anonymous", 1)[1].split()
+    assert sorted(keyed) == ["200", "200", "429", "429"], out.stdout + out.stderr
+    assert anonymous[:11] == ["401"] * 11 and set(anonymous[11:]) == {"429"}, anonymous
