@@ -208,3 +208,47 @@ def test_requests_spaced_at_vllms_idle_limit_never_get_a_502(sandbox):
         statuses.append(_status(cfg, key, _chat(4)))
         time.sleep(5.0)
     assert statuses == [200] * 8, statuses
+
+
+def _docs_snippet() -> str:
+    """The OpenAI client block of docs/endpoint.md, as a reader copies it."""
+    text = open("docs/endpoint.md").read()
+    block = text.split("(tests/node/test_62_endpoint.py)", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    return "\n".join(line[3:] if line.startswith("   ") else line for line in block.splitlines())
+
+
+def test_the_official_openai_client_of_the_docs_chats_streams_and_reads_a_refusal(sandbox, tmp_path):
+    """The docs' snippet run as written (the sandbox's address, key file and CA put in), then the same client streams,
+    and a wrong key raises the client's own AuthenticationError carrying the endpoint's JSON message."""
+    import contextlib
+    import io
+    import os
+    import ssl
+
+    import openai
+
+    cfg = _cfg()
+    (tmp_path / "workstation.key").write_text(_keys(cfg)["demo"] + "\n")
+    os.chmod(tmp_path / "workstation.key", 0o600)
+    snippet = (_docs_snippet().replace("https://compute.home.arpa:8000/v1", endpoint_url(cfg) + "/v1")
+               .replace('"workstation.key"', repr(str(tmp_path / "workstation.key")))
+               .replace('cafile="ca.crt"', f"cafile={cfg.endpoint_tls_ca!r}")
+               .replace('"Hello"', '"What is the capital of France?"'))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(snippet, "docs/endpoint.md", "exec"), {})  # noqa: S102 - the docs' own block, on purpose
+    assert "Paris" in printed.getvalue(), printed.getvalue()
+    tls = ssl.create_default_context(cafile=cfg.endpoint_tls_ca)
+    client = openai.OpenAI(base_url=endpoint_url(cfg) + "/v1", api_key=_keys(cfg)["demo"],
+                           http_client=openai.DefaultHttpx2Client(verify=tls))
+    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="grandpa", messages=[{"role": "user", "content": "What is the capital of France?"}], stream=True,
+        max_tokens=16) if c.choices]
+    assert len(pieces) > 1 and "Paris" in "".join(pieces), pieces
+    wrong = openai.OpenAI(base_url=endpoint_url(cfg) + "/v1", api_key="x" * 43, max_retries=0,
+                          http_client=openai.DefaultHttpx2Client(verify=tls))
+    try:
+        wrong.models.list()
+        raise AssertionError("a wrong key was served")
+    except openai.AuthenticationError as e:
+        assert e.status_code == 401 and "a valid API key is required" in str(e), str(e)

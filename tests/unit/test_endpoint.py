@@ -217,3 +217,20 @@ def test_lab_ca_is_made_once(tmp_path):
     second, _ = lab_ca(str(tmp_path))
     assert first.serial_number == second.serial_number
     assert NodeConfig.model_fields["endpoint_enabled"].default is False
+
+
+def test_the_docs_openai_snippet_builds_its_client_with_the_pinned_openai(tmp_path):
+    """The block the node tier runs through the real endpoint: it compiles, and its client builds with the openai
+    the test extras pin (3.x: httpx2 underneath, where an httpx.Client is refused)."""
+    import ssl
+
+    import openai
+
+    from tests.node.test_62_endpoint import _docs_snippet
+
+    snippet = _docs_snippet()
+    compile(snippet, "docs/endpoint.md", "exec")
+    assert "DefaultHttpx2Client(verify=ssl.create_default_context(cafile=" in snippet
+    client = openai.OpenAI(base_url="https://192.0.2.10:8000/v1", api_key="k" * 43,
+                           http_client=openai.DefaultHttpx2Client(verify=ssl.create_default_context()))
+    assert str(client.base_url) == "https://192.0.2.10:8000/v1/"
