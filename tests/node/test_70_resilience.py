@@ -206,3 +206,17 @@ def test_a_converge_killed_between_restart_and_gate_leaves_the_door_closed_and_t
                          f"{{ sleep 10; grep -qx 'inference_nodes_serving_release_gated 1' {textfile}; }}").returncode == 0
     pyinfra(INVENTORY, "deploys/all.py", "--limit", node)  # back to the inventory's unit (another switch)
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
+
+
+def test_a_limited_run_from_a_control_node_without_the_other_clusters_files(sandbox, tmp_path):
+    """A second admin's control node that lacks sandbox-a's endpoint files: a converge limited to the pair warns about
+    sandbox-a's files and converges the pair (nothing to change); one that includes sandbox-a is refused, naming them,
+    before any connection."""
+    missing = inventory_copy(tmp_path, ('**_endpoint("127.0.0.2", 8441)',
+                                        '**{**_endpoint("127.0.0.2", 8441), "endpoint_tls_cert": "/nonexistent/a.crt", '
+                                        '"endpoint_clients_file": "/nonexistent/clients"}'))
+    proc = pyinfra("--json", missing, "deploys/all.py", "--limit", "gb10-dspark")
+    assert "sandbox-a: key 'endpoint_tls_cert'" in proc.stderr and "outside this run's limit" in proc.stderr
+    assert changed_operations(proc) == []
+    refused = pyinfra(missing, "deploys/all.py", "--limit", "sandbox-a", check=False)
+    assert refused.returncode == 1 and "sandbox-a: key 'endpoint_clients_file'" in refused.stderr

@@ -376,3 +376,33 @@ def test_this_machine_serves_no_registry_beyond_loopback(sandbox):
         except (OSError, StopIteration):
             continue
         assert int(real_uid) != uid, f"the package's registry daemon runs: {status}"
+
+
+def test_an_nvidia_line_beside_the_distributions_is_disabled_alone_in_both_formats(converged):
+    """A host whose `/etc/apt/sources.list` holds a hand-added CUDA line beside the distribution's, and whose deb822
+    `ubuntu.sources`-style file holds an NVIDIA stanza beside the distribution's: the converge disables those two
+    entries only (a `#`, `Enabled: no`), real apt still reads the distribution's entries, and the next converge
+    changes nothing."""
+    cuda = ("deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] "  # the toolkit's repo: every
+            "http://127.0.0.1:8801/libnvidia-container/stable/deb/$(ARCH) /")              # profile's own source names it
+    distro = "deb http://deb.debian.org/debian trixie main"
+    stanzas = ("Types: deb\nURIs: http://deb.debian.org/debian/\nSuites: trixie-updates\nComponents: main\n\n"
+               "Types: deb\nURIs: http://127.0.0.1:8801/libnvidia-container/stable/deb/$(ARCH)/\nSuites: /\n"
+               "Signed-By: /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg\n")
+    _ok("cp -a /etc/apt/sources.list /run/sources.list.before 2>/dev/null || touch /run/sources.list.before; "
+        f"printf '%s\\n%s\\n' '{distro}' '{cuda}' >> /etc/apt/sources.list; "
+        f"printf '%s' '{stanzas}' > /etc/apt/sources.list.d/distro.sources")
+    try:
+        proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", NODE)
+        assert "disabling apt entries for the repos" in proc.stderr, proc.stderr[-3000:]
+        listing = _ok("cat /etc/apt/sources.list")
+        assert distro in listing.splitlines() and f"# inference-nodes: disabled" in listing
+        assert cuda not in listing.splitlines(), "the CUDA line is still enabled"
+        deb822 = _ok("cat /etc/apt/sources.list.d/distro.sources")
+        assert deb822.count("Enabled: no") == 1 and deb822.index("Enabled: no") > deb822.index("libnvidia-container")
+        targets = _ok("apt-get indextargets --format '$(URI)' 2>&1; apt-get update --print-uris 2>&1")
+        assert "Conflicting values" not in targets and "deb.debian.org/debian/dists/trixie-updates" in targets
+        assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", NODE)) == []
+    finally:
+        _ok("cp -a /run/sources.list.before /etc/apt/sources.list; rm -f /etc/apt/sources.list.d/distro.sources "
+            "/etc/apt/sources.list.inference-nodes-orig /etc/apt/sources.list.d/distro.sources.inference-nodes-orig")
