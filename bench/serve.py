@@ -6,9 +6,12 @@ nodes), first start (compile cache emptied) and restart (cache kept). Then, with
 converge takes until it ends, gate passed (the converge waits for it): a first deploy (service stopped, no gate
 record, compile cache emptied), an upgrade to another model commit (the stand-in hub's other good commit;
 back to the inventory's after), and a failed upgrade (the scrambled commit: the gate fails and the cluster
-rolls back, workers first). Prints tables; not a test.
+rolls back, workers first). With `--drills`: what a LAN client of sandbox-a's endpoint saw through a failed switch
+(answers, wrong answers, JSON 503 seconds, other failures, whether a stream in flight completed), and how long the
+pair took to serve again by itself, no converge, after its worker's reboot and after its head's container was
+killed. Prints tables; not a test.
 
-    python bench/serve.py [--profiles one,two] [--converges]
+    python bench/serve.py [--profiles one,two] [--converges] [--drills]
 
 The other profile's services are stopped while one is measured (2 cores: they would share them), and
 everything is started again at the end.
@@ -103,15 +106,70 @@ def measure_converges(profile: str, configs, inventory: str) -> list[tuple[str, 
     return rows
 
 
+def wait_gated(head: str, configs, old_container: str, bound: float = 900) -> float:
+    """Seconds until ``head`` runs in a new container and passes the serving gate, no converge in between."""
+    cfg = configs[head]
+    inspect = f"podman container inspect --format '{{{{.Id}}}}' {cfg.container_name} 2>/dev/null; true"
+    t0 = time.monotonic()
+    while on_node(head, inspect).strip() in (old_container, ""):
+        if time.monotonic() - t0 > bound:
+            raise SystemExit(f"{head} did not restart by itself within {bound:.0f} s")
+        time.sleep(2)
+    while True:
+        try:
+            wait_ready(f"http://127.0.0.1:{cfg.api_port}", max(1.0, bound - (time.monotonic() - t0)), interval=1)
+        except TimeoutError as e:
+            raise SystemExit(f"{head}: {e}") from None
+        gate = subprocess.run([sys.executable, GATE, f"http://127.0.0.1:{cfg.api_port}", served_model_name(cfg)],
+                              capture_output=True, text=True, timeout=600)
+        if gate.returncode == 0:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > bound:
+            raise SystemExit(f"{head} did not pass the gate within {bound:.0f} s")
+        time.sleep(3)
+
+
+def measure_drills(configs, inventory: str) -> list[tuple[str, str, str]]:
+    """(drill, what happened, figure) rows."""
+    from tests.sandbox.endpoint_client import EndpointClient
+    from tests.sandbox.standin_hub import BROKEN_COMMIT
+
+    rows = []
+    with EndpointClient("sandbox-a", inventory) as client:
+        seconds, rc, said = converge(inventory, ["sandbox-a"], *manifest_data(BROKEN_COMMIT))
+        time.sleep(3)
+    rows.append(("a client through a failed switch of sandbox-a (scrambled commit, rolled back)", client.summary(),
+                 f"{seconds:.0f} s converge, {client.seen['wrong']} wrong answers, {client.closed_s:.0f} s of 503"))
+    converge(inventory, ["sandbox-a"])  # the inventory's release again (nothing to do)
+    head, worker = "sandbox-b0", "sandbox-b1"
+    inspect = f"podman container inspect --format '{{{{.Id}}}}' {configs[head].container_name} 2>/dev/null; true"
+    old = on_node(head, inspect).strip()
+    t0 = time.monotonic()
+    subprocess.run([PYINFRA, "-y", inventory, "server.reboot", "delay=5", "interval=1", "reboot_timeout=180", "--limit",
+                    worker], capture_output=True, text=True, timeout=600, check=True)
+    wait_gated(head, configs, old)
+    rows.append(("the pair after its worker's reboot (no converge)", "serves again, gate passed",
+                 f"{time.monotonic() - t0:.0f} s from the reboot command"))
+    old = on_node(head, inspect).strip()
+    t0 = time.monotonic()
+    on_node(head, f"podman kill {configs[head].container_name}")
+    wait_gated(head, configs, old)
+    rows.append(("the pair after its head's container was killed (no converge)", "serves again, gate passed",
+                 f"{time.monotonic() - t0:.0f} s"))
+    return rows
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", default="one,two")
     parser.add_argument("--inventory", default=os.path.join(ROOT, "inventories/sandbox.py"))
     parser.add_argument("--converges", action="store_true", help="also time converges until the gate passed")
+    parser.add_argument("--drills", action="store_true", help="also a client through a failed switch, and the pair's "
+                        "own recovery after a worker's reboot and a head's crash")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     configs = inventory_configs(load_inventory(args.inventory))
-    rows, converges = [], []
+    rows, converges, drills = [], [], []
     try:
         for profile in args.profiles.split(","):
             others = [n for p, ns in PROFILES.items() if p != profile for n in ns]
@@ -122,6 +180,13 @@ def main(argv: list[str]) -> int:
                 rows.append((profile, "first start" if first else "restart", ready, gated, verdict))
             if args.converges:
                 converges += [(profile, *row) for row in measure_converges(profile, configs, args.inventory)]
+        if args.drills:
+            for nodes in PROFILES.values():
+                for name in nodes:
+                    on_node(name, f"systemctl start {configs[name].container_name}.service")
+            for name in ("sandbox-a", "sandbox-b0"):
+                wait_ready(f"http://127.0.0.1:{configs[name].api_port}", 1800, interval=1)
+            drills = measure_drills(configs, args.inventory)
     finally:
         for nodes in PROFILES.values():
             for name in nodes:
@@ -139,6 +204,12 @@ def main(argv: list[str]) -> int:
         for profile, kind, seconds, rc, said in converges:
             label = {"one": "one node", "two": "two nodes"}[profile]
             print(f"| {label} | {kind} | {seconds:.1f} | {rc} | {said.replace('|', '/')} |")
+    if drills:
+        print()
+        print("| drill | what the client or the pair saw | figure |")
+        print("|---|---|---|")
+        for drill, saw, figure in drills:
+            print(f"| {drill} | {saw} | {figure} |")
     return 0
 
 

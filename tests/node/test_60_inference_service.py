@@ -20,6 +20,7 @@ from datetime import datetime
 
 from deploys import serving_gate
 from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, inventory_copy, on_node, pyinfra
+from tests.sandbox.endpoint_client import STREAM_TOKENS, EndpointClient
 from tests.sandbox.standin_hub import BROKEN_COMMIT
 from tests.sandbox.webhook_listener import WebhookListener
 
@@ -427,79 +428,6 @@ def test_showing_the_plan_of_a_revision_bump_changes_nothing_on_the_node(sandbox
     assert on_node(node, "inference-nodes-model-gate").returncode == 0
 
 
-STREAM_TOKENS = 1000  # a stream long enough to be in flight when the door closes, most runs (the drain waits for it)
-
-
-class EndpointClient:
-    """A LAN client of sandbox-a's endpoint through a switch: one chat a second, and one stream started before the
-    switch. Counts what it saw: good answers, wrong answers (HTTP 200 without the known answer), JSON 503s with
-    Retry-After (the closed door) and anything else."""
-
-    def __init__(self, node: str):
-        import threading
-
-        import requests
-
-        from deploys.endpoint import endpoint_url, read_clients
-        from deploys.inventory import inventory_configs, load_inventory
-
-        cfg = inventory_configs(load_inventory(INVENTORY))[node]
-        self.requests, self.url, self.ca = requests, endpoint_url(cfg) + "/v1/chat/completions", cfg.endpoint_tls_ca
-        self.headers = {"Authorization": f"Bearer {read_clients(cfg.endpoint_clients_file)['demo']}"}
-        self.seen: dict[str, int] = {"good": 0, "wrong": 0, "closed": 0, "other": 0}
-        self.closed_s, self.other, self.stream_tokens = 0.0, [], None
-        self.first_closed = self.stream_ended = None
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._poll, daemon=True),
-                        threading.Thread(target=self._stream, daemon=True)]
-
-    def _chat(self, max_tokens: int, stream: bool = False) -> dict:
-        return {"model": "grandpa", "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                "max_tokens": max_tokens, "temperature": 0, "stream": stream,
-                **({"ignore_eos": True, "stream_options": {"include_usage": True}} if stream else {})}
-
-    def _poll(self) -> None:
-        while not self.stop.is_set():
-            t0 = time.monotonic()
-            try:
-                r = self.requests.post(self.url, json=self._chat(16), headers=self.headers, verify=self.ca, timeout=120)
-                self.first_closed = self.first_closed or (time.monotonic() if r.status_code == 503 else None)
-                if r.status_code == 200:
-                    content = r.json()["choices"][0]["message"]["content"] or ""
-                    self.seen["good" if "Paris" in content else "wrong"] += 1
-                elif (r.status_code == 503 and r.headers.get("Retry-After")
-                      and r.json()["error"]["type"] == "service_unavailable"):
-                    self.seen["closed"] += 1
-                    self.closed_s += max(1.0, time.monotonic() - t0)
-                else:
-                    self.seen["other"] += 1
-                    self.other.append(f"{r.status_code} {r.text[:120]}")
-            except (self.requests.RequestException, ValueError, KeyError) as e:
-                self.seen["other"] += 1
-                self.other.append(repr(e)[:160])
-            self.stop.wait(max(0.0, 1.0 - (time.monotonic() - t0)))
-
-    def _stream(self) -> None:
-        with self.requests.post(self.url, json=self._chat(STREAM_TOKENS, stream=True), headers=self.headers,
-                                verify=self.ca, timeout=600, stream=True) as r:
-            lines = [line for line in r.iter_lines(decode_unicode=True) if line]
-        self.stream_ended = time.monotonic()
-        usage = [json.loads(line[5:]) for line in lines if line.startswith("data: {") and '"completion_tokens"' in line]
-        self.stream_tokens = usage[-1]["usage"]["completion_tokens"] if usage else None
-
-    def __enter__(self):
-        self.threads[0].start()
-        time.sleep(2)
-        self.threads[1].start()  # a stream in flight when the converge starts
-        time.sleep(1)
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=600)
-
-
 def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_back(sandbox, tmp_path):
     """An upgrade to the stand-in hub's scrambled commit: its files are the pinned ones, the service answers HTTP 200
     with nonsense. The converge's own gate fails on coherence, the node goes back to its last good release (unit,
@@ -513,10 +441,7 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     with EndpointClient(node) as client:  # a LAN client through the switch: never a wrong answer
         converge = pyinfra(INVENTORY, "deploys/all.py", *broken, check=False)
         time.sleep(3)
-    in_flight = bool(client.first_closed and client.stream_ended and client.stream_ended > client.first_closed)
-    print(f"\n[drill] a client of the endpoint through the failed switch and its rollback: {client.seen}, "
-          f"{client.closed_s:.0f} s of JSON 503, a stream of {client.stream_tokens} tokens "
-          f"({'in flight when the door closed' if in_flight else 'done before the door closed'})")
+    print(f"\n[drill] a client of the endpoint through the failed switch and its rollback: {client.summary()}")
     assert client.seen["wrong"] == 0, client.seen
     assert client.seen["closed"] > 0 and client.seen["good"] > 0, client.seen
     assert client.seen["other"] == 0, client.other[:5]

@@ -1,0 +1,89 @@
+"""A LAN client of a sandbox head's authenticated endpoint through a switch (the node tier's drill and
+bench/serve.py's): what it saw, counted."""
+
+from __future__ import annotations
+
+import json
+import time
+
+STREAM_TOKENS = 1000  # a stream long enough to be in flight when the door closes, most runs (the drain waits for it)
+
+
+class EndpointClient:
+    """A LAN client of sandbox-a's endpoint through a switch: one chat a second, and one stream started before the
+    switch. Counts what it saw: good answers, wrong answers (HTTP 200 without the known answer), JSON 503s with
+    Retry-After (the closed door) and anything else."""
+
+    def __init__(self, node: str, inventory: str = "inventories/sandbox.py"):
+        import threading
+
+        import requests
+
+        from deploys.endpoint import endpoint_url, read_clients
+        from deploys.inventory import inventory_configs, load_inventory
+
+        cfg = inventory_configs(load_inventory(inventory))[node]
+        self.requests, self.url, self.ca = requests, endpoint_url(cfg) + "/v1/chat/completions", cfg.endpoint_tls_ca
+        self.headers = {"Authorization": f"Bearer {read_clients(cfg.endpoint_clients_file)['demo']}"}
+        self.seen: dict[str, int] = {"good": 0, "wrong": 0, "closed": 0, "other": 0}
+        self.closed_s, self.other, self.stream_tokens = 0.0, [], None
+        self.first_closed = self.stream_ended = None
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._poll, daemon=True),
+                        threading.Thread(target=self._stream, daemon=True)]
+
+    def _chat(self, max_tokens: int, stream: bool = False) -> dict:
+        return {"model": "grandpa", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+                **({"ignore_eos": True, "stream_options": {"include_usage": True}} if stream else {})}
+
+    def _poll(self) -> None:
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            try:
+                r = self.requests.post(self.url, json=self._chat(16), headers=self.headers, verify=self.ca, timeout=120)
+                self.first_closed = self.first_closed or (time.monotonic() if r.status_code == 503 else None)
+                if r.status_code == 200:
+                    content = r.json()["choices"][0]["message"]["content"] or ""
+                    self.seen["good" if "Paris" in content else "wrong"] += 1
+                elif (r.status_code == 503 and r.headers.get("Retry-After")
+                      and r.json()["error"]["type"] == "service_unavailable"):
+                    self.seen["closed"] += 1
+                    self.closed_s += max(1.0, time.monotonic() - t0)
+                else:
+                    self.seen["other"] += 1
+                    self.other.append(f"{r.status_code} {r.text[:120]}")
+            except (self.requests.RequestException, ValueError, KeyError) as e:
+                self.seen["other"] += 1
+                self.other.append(repr(e)[:160])
+            self.stop.wait(max(0.0, 1.0 - (time.monotonic() - t0)))
+
+    def _stream(self) -> None:
+        with self.requests.post(self.url, json=self._chat(STREAM_TOKENS, stream=True), headers=self.headers,
+                                verify=self.ca, timeout=600, stream=True) as r:
+            lines = [line for line in r.iter_lines(decode_unicode=True) if line]
+        self.stream_ended = time.monotonic()
+        usage = [json.loads(line[5:]) for line in lines if line.startswith("data: {") and '"completion_tokens"' in line]
+        self.stream_tokens = usage[-1]["usage"]["completion_tokens"] if usage else None
+
+    def __enter__(self):
+        self.threads[0].start()
+        time.sleep(2)
+        self.threads[1].start()  # a stream in flight when the converge starts
+        time.sleep(1)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=600)
+
+    @property
+    def stream_in_flight_at_close(self) -> bool:
+        """Whether the stream started before the switch was still running when the door closed."""
+        return bool(self.first_closed and self.stream_ended and self.stream_ended > self.first_closed)
+
+    def summary(self) -> str:
+        return (f"{self.seen['good']} good answers, {self.seen['wrong']} wrong, {self.seen['closed']} JSON 503s "
+                f"({self.closed_s:.0f} s closed), {self.seen['other']} other; a stream of {self.stream_tokens} "
+                f"tokens ({'in flight when the door closed' if self.stream_in_flight_at_close else 'done before'})")
