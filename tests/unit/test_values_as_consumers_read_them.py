@@ -659,8 +659,8 @@ def test_a_key_holds_at_most_its_concurrency_and_an_address_without_a_key_is_lim
     base = f"https://{cfg.endpoint_address}:{cfg.endpoint_port}"
     code = f"curl -s -o /dev/null -w '%{{http_code}}\\n' --cacert {cfg.endpoint_tls_ca} -X POST -d {{}}"
     script = (f'python3 {tmp_path / "vllm.py"} {cfg.api_port} & v=$!; "$1" -p "$2" -e stderr -c "$2/nginx.conf" & '
-              f'pid=$!; for i in $(seq 50); do curl -s -o /dev/null --cacert {cfg.endpoint_tls_ca} {base}/ && break; '
-              f'sleep 0.1; done; echo "==key"; for i in 1 2 3 4; do {code} -H @{tmp_path / "auth"} '
+              f'pid=$!; for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:{cfg.api_port}/ && '
+              f'curl -s -o /dev/null --cacert {cfg.endpoint_tls_ca} {base}/ && break; sleep 0.1; done; echo "==key"; for i in 1 2 3 4; do {code} -H @{tmp_path / "auth"} '
               f'{base}/v1/completions > {tmp_path}/k$i & done; wait %3 %4 %5 %6 2>/dev/null; sleep 4; cat {tmp_path}/k*; '
               f'echo "==anonymous"; for i in $(seq 14); do {code} {base}/v1/completions; done; '
               f'kill $pid $v; wait $pid 2>/dev/null; true')
