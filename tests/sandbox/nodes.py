@@ -81,8 +81,9 @@ def monitoring_lines(inventory_file: str = "inventories/sandbox.py") -> list[str
         targets = json.load(r)["data"]["activeTargets"]
     up = sum(t["health"] == "up" for t in targets)
     lines = [f"  Prometheus on {watcher}: {url}  ({up} of {len(targets)} targets up; alerts: {url}/alerts)"]
-    lines += [f"    {a['state']:8} {a['labels'].get('alertname')} on {a['labels'].get('host')}: "
-              f"{a.get('annotations', {}).get('summary', '')}" for a in alerts] or ["    no alert is active"]
+    lines += [f"    {a['state']:8} {a['labels'].get('alertname')}"
+              + (f" on {a['labels']['host']}" if a["labels"].get("host") else " (the monitoring itself)")
+              + f": {a.get('annotations', {}).get('summary', '')}" for a in alerts] or ["    no alert is active"]
     return lines
 
 
