@@ -432,8 +432,10 @@ def endpoint_closed_for_the_switch(service: str, started_from: str, fingerprint:
         return
     yield StringCommand("install", "-d", "-m", "0755", posixpath.dirname(flag))  # nginx's workers must see the flag
     yield StringCommand("touch", flag)
-    if running:
-        yield FunctionCommand(_drain, (node_config(),), {})
+    if running:  # the requests in flight are the running release's: asked where it listens (its gate record says)
+        cfg = node_config()
+        passed = read(host, GatePassed, record=gate_record_path(cfg), service=service)["release"] or {}
+        yield FunctionCommand(_drain, (as_released(cfg, "", passed)[0],), {})
 
 
 def switch_marker_path(cfg: NodeConfig) -> str:

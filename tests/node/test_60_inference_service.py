@@ -436,10 +436,12 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     node = "sandbox-a"
     good_snapshot = on_node(node, "inference-nodes-model-gate").stdout
     manifest = f"{SANDBOX_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{BROKEN_COMMIT}.json"
-    broken = ["--limit", node, "--data", f"model_revision={BROKEN_COMMIT}", "--data", f"model_manifest={manifest}",
-              "--data", "api_port=8104"]
+    broken = ["--limit", node, "--data", f"model_revision={BROKEN_COMMIT}", "--data", f"model_manifest={manifest}"]
+    # the failed release moves sandbox-a's API too (its own port: `--data` would set every node's, and the nodes share
+    # this machine's network)
+    moved = inventory_copy(tmp_path, ('_node("sandbox-a", 2201, api_port=8101,', '_node("sandbox-a", 2201, api_port=8104,'))
     with EndpointClient(node) as client:  # a LAN client through the switch: never a wrong answer
-        converge = pyinfra(INVENTORY, "deploys/all.py", *broken, check=False)
+        converge = pyinfra(moved, "deploys/all.py", *broken, check=False)
         time.sleep(3)
     print(f"\n[drill] a client of the endpoint through the failed switch and its rollback: {client.summary()}")
     assert client.seen["wrong"] == 0, client.seen
@@ -453,7 +455,7 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     # the failed release is remembered: the same converge again is refused before anything changes on the node (no
     # download, no re-hash, no restart), naming it, when and why it failed, and how to try it again
     pid = main_pid(node)
-    again = pyinfra(INVENTORY, "deploys/all.py", *broken, check=False)
+    again = pyinfra(moved, "deploys/all.py", *broken, check=False)
     assert again.returncode == 1, again.stderr[-3000:]
     assert f"{node}: the inventory asks for release " in again.stderr and "which failed here at " in again.stderr
     assert "failed the serving gate" in again.stderr and "--data retry_failed_release=true" in again.stderr
