@@ -765,8 +765,9 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
         passed = read(host, GatePassed, record=record, service=service)
         last = passed["release"] or {}
         if current and last.get("release") == release["release"]:
-            flag = closed_flag_path(node_config())
-            if read(host, ExistingPaths, paths=(flag,)):  # a run killed after the gate passed: open it now
+            cfg = node_config()
+            flag = closed_flag_path(cfg)
+            if cfg.endpoint_enabled and read(host, ExistingPaths, paths=(flag,)):  # killed after the gate: open now
                 yield StringCommand("rm", "-f", flag)
                 return
             host.noop(f"{service} passed the serving gate for release {release['release']} at {last.get('passed_at')}")

@@ -394,6 +394,7 @@ def test_a_forced_full_rehash_repairs_under_the_running_service_and_restarts_it(
     forced = pyinfra("-v", "--json", INVENTORY, "deploys/all.py", "--limit", node, "--data", "model_verify_full=true")
     changed = [name for name, _ in changed_operations(forced)]
     assert changed == ["Model snapshot | Sync and verify the model snapshot",
+                       "Inference service | Close the endpoint to new requests before a restart",
                        "Inference service | Start or update heads and single nodes",
                        "Inference service | Wait until it serves (heads: /health and the serving gate)"], changed
     assert "HASH model-00001-of-00004.safetensors" in forced.stderr
