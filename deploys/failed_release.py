@@ -12,6 +12,7 @@ removes it.
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
 from datetime import datetime, timezone
 
@@ -50,11 +51,15 @@ def failure_record(release: dict, why: str) -> dict:
             "failed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "reason": reason[:300]}
 
 
+def json_file_command(path: str, data: dict) -> str:
+    """Shell: ``data`` as the JSON file ``path`` on a node, replaced whole (a temporary renamed over it)."""
+    text = shlex.quote(json.dumps(data, sort_keys=True) + "\n")
+    return f"mkdir -p {posixpath.dirname(path)} && printf %s {text} > {path}.tmp && mv -f {path}.tmp {path}"
+
+
 def record_command(cfg: NodeConfig, record: dict) -> str:
-    """Shell: keep ``record`` as this member's failed release (replaced whole: a temporary renamed over it)."""
-    path = failed_release_path(cfg)
-    text = shlex.quote(json.dumps(record, sort_keys=True) + "\n")
-    return f"mkdir -p {STATE_DIR} && printf %s {text} > {path}.tmp && mv -f {path}.tmp {path}"
+    """Shell: keep ``record`` as this member's failed release."""
+    return json_file_command(failed_release_path(cfg), record)
 
 
 def forget_command(cfg: NodeConfig) -> str:

@@ -28,7 +28,7 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy
 from pyinfra.facts.files import Directory, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
 
-from deploys.failed_release import failure_record, forget_command, record_command
+from deploys.failed_release import failure_record, forget_command, json_file_command, record_command
 from deploys.model import integrity as model_integrity
 from deploys.host_tuning import render_fabric_env
 from deploys.run.reads import expect, operation, read, run_on
@@ -666,9 +666,8 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
                 "checks": [c["check"] for c in now.get("checks", [])]}
 
     def write_json(path: str, data: dict) -> bool:
-        """``data`` as the JSON file ``path`` on this head, replaced whole (a temporary file renamed over it)."""
-        text = shlex.quote(json.dumps(data, sort_keys=True) + "\n")
-        return me.ok(f"mkdir -p {posixpath.dirname(path)} && printf %s {text} > {path}.tmp && mv -f {path}.tmp {path}")
+        """``data`` as the JSON file ``path`` on this head, replaced whole."""
+        return me.ok(json_file_command(path, data))
 
     def write_record(passed: dict) -> bool:
         return write_json(record, passed)

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from deploys import monitoring
-from deploys.endpoint import render_conf
+from deploys.endpoint import read_clients, render_conf
 from deploys.inventory import load_inventory
 from deploys.schema import InventoryValidationError, validate_hosts, validate_inventory
 from tests.unit.test_hostile_input import node_a, pair_b
@@ -436,7 +436,7 @@ def nginx_root(tmp_path, cfg):
     """The rendered configuration and the files it reads, its node paths moved under ``tmp_path / "node"`` (the
     client maps, the certificate and key, its pid, temp and log places, the closed-door flag's folder)."""
     from deploys import endpoint
-    from deploys.endpoint import read_clients, render_maps
+    from deploys.endpoint import render_maps
 
     root = tmp_path / "node"
     conf = render_conf(cfg)
@@ -558,8 +558,7 @@ def test_the_closed_door_answers_json_503_with_retry_after_and_opens_with_its_fl
     assert CLOSED_DIR + "/" in conf
     (root / "nginx.conf").write_text(conf.replace(CLOSED_DIR + "/", flag_dir + "/"))
     flag = closed_flag_path(cfg).replace(CLOSED_DIR, flag_dir)
-    key = next(k for n, k in (line.split() for line in open(cfg.endpoint_clients_file) if line.strip()
-                              and not line.startswith("#")) if n != cfg.endpoint_metrics_client)
+    key = next(k for n, k in read_clients(cfg.endpoint_clients_file).items() if n != cfg.endpoint_metrics_client)
     (tmp_path / "auth").write_text(f"Authorization: Bearer {key}\n")
     os.chmod(tmp_path / "auth", 0o600)
     url = f"https://{cfg.endpoint_address}:{cfg.endpoint_port}/v1/chat/completions"
@@ -591,8 +590,7 @@ def test_every_refusal_of_the_endpoint_is_an_openai_style_json_error(nginx, lab,
     cfg = validate_hosts(node_a(**_files(lab), endpoint_max_body_mb=1, endpoint_rate_per_minute=1,
                                 endpoint_rate_burst=1))["node-a"]
     root = nginx_root(tmp_path, cfg)
-    key = next(k for n, k in (line.split() for line in open(cfg.endpoint_clients_file) if line.strip()
-                              and not line.startswith("#")) if n != cfg.endpoint_metrics_client)
+    key = next(k for n, k in read_clients(cfg.endpoint_clients_file).items() if n != cfg.endpoint_metrics_client)
     (tmp_path / "auth").write_text(f"Authorization: Bearer {key}\n")
     os.chmod(tmp_path / "auth", 0o600)
     (tmp_path / "big.json").write_text('{"x": "' + "a" * (2 * 2**20) + '"}')
@@ -651,8 +649,7 @@ def test_a_key_holds_at_most_its_concurrency_and_an_address_without_a_key_is_lim
     burst of 10) get 429 instead of 401 (a `return 401` would have answered before any limit)."""
     cfg = validate_hosts(node_a(**_files(lab), endpoint_key_concurrency=2, endpoint_anonymous_per_minute=1))["node-a"]
     root = nginx_root(tmp_path, cfg)
-    key = next(k for n, k in (line.split() for line in open(cfg.endpoint_clients_file) if line.strip()
-                              and not line.startswith("#")) if n != cfg.endpoint_metrics_client)
+    key = next(k for n, k in read_clients(cfg.endpoint_clients_file).items() if n != cfg.endpoint_metrics_client)
     (tmp_path / "auth").write_text(f"Authorization: Bearer {key}\n")
     os.chmod(tmp_path / "auth", 0o600)
     (tmp_path / "vllm.py").write_text(SLOW_VLLM)
