@@ -4,8 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 SANDBOX_INVENTORY := inventories/sandbox.py
 NODE_SH := tests/sandbox/node.sh
+# every test's duration of the last run, as junit files (bench/test_times.py prints the table docs/testing.md quotes)
+RESULTS := test-results
+# the node tier's subjects (pytest markers, tests/node/conftest.py): `make test-fast SUBJECT=lifecycle`
+SUBJECTS := lifecycle endpoint monitoring model pair
 
-.PHONY: venv sandbox-deps test unit demo demo-down readme-keys docs-keys
+.PHONY: venv sandbox-deps test test-fast unit demo demo-down readme-keys docs-keys
 
 $(BIN)/pyinfra: pyproject.toml
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
@@ -20,16 +24,30 @@ sandbox-deps:
 	$(NODE_SH) deps
 
 # The whole suite: the unit tier with the oldest and newest pyinfra the pin allows where either is not the one
-# installed (tests/pyinfra_range.py), then unit and node tiers on sandbox nodes (booted and torn down by the tests).
+# installed (tests/pyinfra_range.py), the unit tier on every core (tests/unit_tier.py), then the node tier on sandbox
+# nodes (booted and torn down by the tests), serial. A failing unit tier still runs the node tier; either fails the
+# target. Ends with where the time went (every test's duration stays in $(RESULTS)/).
 test: venv sandbox-deps
+	rm -rf $(RESULTS)
 	$(BIN)/python -m tests.pyinfra_range
-	$(BIN)/python -m pytest --durations=30
+	rc=0; $(BIN)/python -m tests.unit_tier || rc=1; \
+	$(BIN)/python -m pytest tests/node --durations=0 --junitxml=$(RESULTS)/node.xml || rc=1; \
+	$(BIN)/python bench/test_times.py; exit $$rc
+
+# A slice check while a change is being made: the unit tier, then the node tests of one subject on nodes booted and
+# converged once (every subject's slice starts with the first converge). `make test` stays the whole suite.
+test-fast: venv sandbox-deps
+	@case " $(SUBJECTS) " in *" $(SUBJECT) "*) ;; *) echo "usage: make test-fast SUBJECT=<one of: $(SUBJECTS)>" >&2; exit 2;; esac
+	rm -rf $(RESULTS)
+	$(BIN)/python -m tests.unit_tier
+	$(BIN)/python -m pytest tests/node -m $(SUBJECT) --durations=0 --junitxml=$(RESULTS)/node-$(SUBJECT).xml
+	$(BIN)/python bench/test_times.py
 
 unit: venv
 	$(NODE_SH) promtool >/dev/null
 	$(NODE_SH) nginx >/dev/null
 	$(NODE_SH) amtool >/dev/null
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m tests.unit_tier
 
 # Boot the sandbox nodes, converge them with the real entry point (it ends once every head passed the serving
 # gate), audit them; leaves them running. Any failure fails the target.

@@ -1,5 +1,6 @@
 """The unit tier with the oldest and the newest pyinfra the pin allows (pyproject.toml), each in a venv of its own
-beside the project's, unless it is the one installed (the whole suite runs with that one):
+beside the project's (keyed by the pins: a changed pin installs a new one), unless it is the one installed (the whole
+suite runs with that one):
 
     python -m tests.pyinfra_range [--list]
 
@@ -8,8 +9,11 @@ The releases come from PyPI (`pip index versions`); exit status 1 if the tier fa
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -24,6 +28,22 @@ def pinned_range(pyproject: str = "pyproject.toml") -> SpecifierSet:
     deps = tomllib.load(open(pyproject, "rb"))["project"]["dependencies"]
     spec = next(d for d in deps if re.match(r"pyinfra\b", d))
     return SpecifierSet(spec[len("pyinfra"):].split(";")[0].strip())
+
+
+def pins_key(pyproject: str = "pyproject.toml") -> str:
+    """What a range venv was installed from: the project's dependencies and test extras (a changed pin is a new venv)."""
+    project = tomllib.load(open(pyproject, "rb"))["project"]
+    pins = [*project["dependencies"], *project.get("optional-dependencies", {}).get("test", [])]
+    return hashlib.sha256("\n".join(pins).encode()).hexdigest()[:12]
+
+
+def venv_for(version: Version, key: str) -> str:
+    """The venv of one pyinfra release and these pins; the same release's venvs of other pins are removed."""
+    venv = f"{VENVS}-{version}-{key}"
+    for stale in glob.glob(f"{VENVS}-{version}-*") + glob.glob(f"{VENVS}-{version}"):
+        if stale != venv:
+            shutil.rmtree(stale, ignore_errors=True)
+    return venv
 
 
 def released() -> list[Version]:
@@ -54,7 +74,7 @@ def main(argv: list[str]) -> int:
             print(f"pyinfra {version} ({which} allowed by {allowed}): "
                   + ("the installed one: the whole suite runs with it" if version == installed else "not installed"))
             continue
-        venv = f"{VENVS}-{version}"
+        venv = venv_for(version, pins_key())
         if not os.path.exists(f"{venv}/bin/pytest"):
             subprocess.run([sys.executable, "-m", "venv", venv], check=True)
             subprocess.run([f"{venv}/bin/pip", "install", "-q", "-e", ".[test]", f"pyinfra=={version}"], check=True)

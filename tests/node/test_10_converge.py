@@ -13,6 +13,8 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
+
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra, wait_serving
 
 LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
@@ -45,6 +47,11 @@ def test_preflight_refuses_a_host_that_cannot_run_the_profile(sandbox):
     _untouched(sandbox)
 
 
+@pytest.mark.lifecycle
+@pytest.mark.endpoint
+@pytest.mark.monitoring
+@pytest.mark.model
+@pytest.mark.pair
 def test_converge(sandbox):
     proc = pyinfra("--json", INVENTORY, "deploys/all.py")
     changed = dict(changed_operations(proc))

@@ -15,6 +15,8 @@ import pytest
 
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra, wait_serving
 
+pytestmark = pytest.mark.model  # the node tier's subject (`make test-fast SUBJECT=model`)
+
 PLAIN = "/srv/models/DeepSeek-V4-Flash-0731"  # gb10_dspark: plain layout
 CACHE = "/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731"  # rtx_pro_6000_pair: HF cache layout
 SYNC = "Model snapshot | Sync and verify the model snapshot"

@@ -18,6 +18,8 @@ import time
 import urllib.request
 from datetime import datetime
 
+import pytest
+
 from deploys import serving_gate
 from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, inventory_copy, on_node, pyinfra
 from tests.sandbox.endpoint_client import STREAM_TOKENS, EndpointClient
@@ -61,6 +63,7 @@ def gate(*limit: str, marks: str = "serving") -> subprocess.CompletedProcess:
     return subprocess.run([*AUDIT, "-m", marks, *limit], capture_output=True, text=True, timeout=READY_S + 600)
 
 
+@pytest.mark.pair
 def test_real_vllm_answers_on_loopback_only(sandbox):
     for node in HEADS:
         wait_ready(node)
@@ -73,6 +76,7 @@ def test_real_vllm_answers_on_loopback_only(sandbox):
     assert "0.21.0" in version, version
 
 
+@pytest.mark.pair
 def test_two_nodes_form_one_tensor_parallel_job_and_a_serves_tp2(sandbox):
     head = on_node("sandbox-b0", f"journalctl -u {UNITS['sandbox-b0']} --no-pager").stdout
     worker = on_node("sandbox-b1", f"journalctl -u {UNITS['sandbox-b1']} --no-pager").stdout
@@ -82,6 +86,7 @@ def test_two_nodes_form_one_tensor_parallel_job_and_a_serves_tp2(sandbox):
     assert "'tensor_parallel_size': 2" in a and "world_size=2" in a, a[-3000:]  # the script's env -> vLLM args
 
 
+@pytest.mark.pair
 def test_serving_gate_passes_on_both_heads(sandbox):
     """The smoke on both heads (`-m serving`), then the drained gates: B's concurrency proof (K=2 = --max-num-seqs)
     and both heads' KV capacity from the startup log; the restart gate waits for --qualify. Plain `pytest
@@ -125,6 +130,7 @@ def test_the_nccl_audit_fails_the_images_nccl_on_a_pair_marked_aarch64(sandbox, 
     assert re.search(named, marked.stdout), marked.stdout[-3000:]
 
 
+@pytest.mark.pair
 def test_restart_gate_restarts_the_pair_worker_first_and_the_smoke_passes_after(sandbox):
     before = {n: start_time(n) for n in ("sandbox-b0", "sandbox-b1")}
     proc = gate("--qualify", "--limit", "sandbox-b0", "-k", "restart", marks="drained")
@@ -139,6 +145,7 @@ def test_restart_gate_restarts_the_pair_worker_first_and_the_smoke_passes_after(
     assert first["sandbox-b1"] < first["sandbox-b0"], f"the worker restarts before its head: {first}"
 
 
+@pytest.mark.pair
 def test_qualification_gates_fail_naming_what_and_why(sandbox, tmp_path):
     """K above the server's --max-num-seqs (3 > 2) where the inventory no longer states the flag (validation
     refuses K above a --max-num-seqs it can see), and a KV minimum above what the startup log reports: the gate
@@ -154,12 +161,14 @@ def test_qualification_gates_fail_naming_what_and_why(sandbox, tmp_path):
     assert "tokens is below gate_kv_cache_min_tokens 1,000,000,000" in bad.stdout, bad.stdout[-3000:]
 
 
+@pytest.mark.lifecycle
 def test_noop_converge_keeps_the_same_processes(sandbox):
     before = {n: (main_pid(n), container_id(n)) for n in sandbox}
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
     assert {n: (main_pid(n), container_id(n)) for n in sandbox} == before
 
 
+@pytest.mark.lifecycle
 def test_the_audit_against_a_stopped_service_fails_at_once_and_a_converge_waits_for_it(sandbox):
     """A stopped service: the audit's serving check names the unit's state and journal without waiting out
     service_ready_timeout_sec (900 s here); the converge that starts it ends only once it passed the gate."""
@@ -179,6 +188,7 @@ def test_the_audit_against_a_stopped_service_fails_at_once_and_a_converge_waits_
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
 
 
+@pytest.mark.lifecycle
 def test_a_flag_the_images_vllm_refuses_fails_the_host_and_keeps_the_service(sandbox, tmp_path):
     node = "sandbox-b0"
     unit = on_node(node, "cat /etc/containers/systemd/inference.container").stdout
@@ -196,6 +206,8 @@ def test_a_flag_the_images_vllm_refuses_fails_the_host_and_keeps_the_service(san
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
 
 
+@pytest.mark.lifecycle
+@pytest.mark.pair
 def test_a_pair_changes_as_one_or_not_at_all(sandbox, tmp_path):
     """A launch change for the pair (one more vLLM flag on both) while sandbox-b1 fails before its restart (a toolkit
     version its apt repository does not have), and again with sandbox-b1 outside --limit: no unit changes on either
@@ -220,6 +232,7 @@ def test_a_pair_changes_as_one_or_not_at_all(sandbox, tmp_path):
     pyinfra(INVENTORY, "deploys/all.py", "--limit", "sandbox-b1")  # whatever the failed toolkit install left
 
 
+@pytest.mark.lifecycle
 def test_a_hand_edited_unit_is_restored_and_the_service_restarted(sandbox):
     node = "sandbox-a"
     unit = "/etc/containers/systemd/grandpa.container"
@@ -244,6 +257,7 @@ def test_a_hand_edited_unit_is_restored_and_the_service_restarted(sandbox):
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
 
 
+@pytest.mark.pair
 def test_workers_start_before_heads_and_the_compile_cache_is_reused(sandbox):
     cache = "/var/cache/inference-nodes/jit/gb10-dspark/vllm"  # VLLM_CACHE_ROOT=/cache/vllm on the JIT volume
     kernels = f"find {cache}/torch_compile_cache -name '*.so' -printf '%p %T@\\n' | sort"
@@ -268,6 +282,7 @@ def test_workers_start_before_heads_and_the_compile_cache_is_reused(sandbox):
     assert set(first) <= after, "compiled kernels were rebuilt instead of reused"
 
 
+@pytest.mark.pair
 def test_a_worker_does_not_outlive_its_head(sandbox):
     worker = container_id("sandbox-b1")
     assert worker
@@ -296,6 +311,7 @@ def _reformed(head: str, old_container: str, bound: float) -> float:
         time.sleep(5)
 
 
+@pytest.mark.pair
 def test_a_pair_heals_itself_after_its_worker_reboots_and_after_its_head_crashes(sandbox):
     """No converge: a worker's reboot ends the head's job (vLLM exits 0), a killed head ends the worker's; each
     unit restarts on any exit (Restart=always) and the pair serves again by itself."""
@@ -315,6 +331,7 @@ def test_a_pair_heals_itself_after_its_worker_reboots_and_after_its_head_crashes
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", "gb10-dspark")) == []
 
 
+@pytest.mark.model
 def test_corrupted_shard_keeps_the_service_down_until_repaired(sandbox):
     node = "sandbox-a"  # a single-node profile: a pair would lose its worker as well
     shard = ("/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731/snapshots/"
@@ -350,6 +367,7 @@ def deep_verify_record(node: str) -> dict:
     return json.loads(on_node(node, f"cat {RECORD}").stdout)
 
 
+@pytest.mark.model
 def test_a_silent_flip_is_found_by_the_deep_verify_which_stops_the_service_until_a_converge_repairs(sandbox):
     """... and the deep-verify alert fires at the monitoring host's webhook, and resolves once repaired."""
     node = "sandbox-a"
@@ -385,6 +403,7 @@ def _silent_flip_found_and_repaired(node: str) -> None:
     assert gate("--limit", node).returncode == 0
 
 
+@pytest.mark.model
 def test_a_forced_full_rehash_repairs_under_the_running_service_and_restarts_it(sandbox):
     node = "sandbox-a"
     before = main_pid(node)
@@ -405,6 +424,8 @@ def test_a_forced_full_rehash_repairs_under_the_running_service_and_restarts_it(
     assert gate("--limit", node).returncode == 0
 
 
+@pytest.mark.lifecycle
+@pytest.mark.model
 def test_showing_the_plan_of_a_revision_bump_changes_nothing_on_the_node(sandbox):
     """The plan of an upgrade to another commit, shown and declined (no `-y`, the prompt answered "n") or `--dry`:
     the plan's verdicts write and hash nothing, so the serving snapshot's stamp, the deep-verify record, the gate
@@ -429,6 +450,8 @@ def test_showing_the_plan_of_a_revision_bump_changes_nothing_on_the_node(sandbox
     assert on_node(node, "inference-nodes-model-gate").returncode == 0
 
 
+@pytest.mark.lifecycle
+@pytest.mark.endpoint
 def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_back(sandbox, tmp_path):
     """An upgrade to the stand-in hub's scrambled commit: its files are the pinned ones, the service answers HTTP 200
     with nonsense. The converge's own gate fails on coherence, the node goes back to its last good release (unit,
@@ -492,6 +515,8 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
 
 
+@pytest.mark.lifecycle
+@pytest.mark.pair
 def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbox):
     """The pair upgraded to the scrambled commit: both nodes sync it over the `plain` directory (the good commit is
     kept as hard links beside), restart, and the head's gate fails on coherence. Both roll back, the worker first:
@@ -524,6 +549,8 @@ def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbo
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", "gb10_dspark")) == []
 
 
+@pytest.mark.lifecycle
+@pytest.mark.pair
 def test_a_pair_member_bumped_alone_keeps_its_model_and_serves_on(sandbox):
     """The `plain` layout's unit does not name the model commit, yet the commit is part of the launch: the head
     converged alone (--limit) onto another commit fails before its directory or manifest changes, and the pair
@@ -543,6 +570,7 @@ def test_a_pair_member_bumped_alone_keeps_its_model_and_serves_on(sandbox):
     assert gate("--limit", head).returncode == 0
 
 
+@pytest.mark.lifecycle
 def test_a_release_whose_engine_refuses_to_start_fails_the_converge_with_the_reason(sandbox, tmp_path):
     """`--gpu-memory-utilization 1.2` (A's script turns GPU_MEMORY_UTILIZATION into it): vLLM 0.21's argument parser
     accepts it, its engine refuses it at start (CacheConfig: less than or equal to 1). The converge fails the host

@@ -12,11 +12,14 @@ import sys
 import threading
 import time
 
+import pytest
 import requests
 
 from deploys.endpoint import UNIT, endpoint_url, read_clients
 from deploys.inventory import inventory_configs, load_inventory
 from tests.node.conftest import INVENTORY, on_node, pyinfra, wait_serving
+
+pytestmark = pytest.mark.endpoint  # the node tier's subject (`make test-fast SUBJECT=endpoint`)
 
 HEAD = "sandbox-a"
 AUDIT = [sys.executable, "-m", "pytest", "-q", "-rA", "tests/audit/test_endpoint.py", "--inventory", INVENTORY]

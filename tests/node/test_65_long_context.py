@@ -8,8 +8,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.audit.test_long_context import needle_script, verdict_of
 from tests.node.conftest import INVENTORY, on_node, pyinfra, wait_serving
+
+pytestmark = pytest.mark.pair  # the node tier's subject (`make test-fast SUBJECT=pair`)
 
 HEAD, WORKER = "sandbox-b0", "sandbox-b1"
 URL, MODEL, TOKENS = "http://127.0.0.1:8102", "deepseek-v4-flash-0731", 1536

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import requests
 
 from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, inventory_copy, on_node, pyinfra, wait_serving
@@ -174,6 +175,8 @@ def test_preflight_refuses_a_fabric_address_the_node_does_not_have(sandbox, tmp_
     assert "host sandbox-b0: fabric_address" not in proc.stderr
 
 
+@pytest.mark.lifecycle
+@pytest.mark.endpoint
 def test_a_converge_killed_between_restart_and_gate_leaves_the_door_closed_and_the_next_gates_it(sandbox):
     """SIGKILL while a head's new start waits for its gate: the release that runs has passed no gate, so the endpoint
     stays closed (no client gets its answers) and the node's metrics say it is not gated (ReleaseNotGated after its

@@ -20,6 +20,8 @@ from deploys.model.fanout import SEED_DIR, SEED_UNIT
 from deploys.model.snapshot import MANIFEST, VERIFIER
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra
 
+pytestmark = pytest.mark.model  # the node tier's subject (`make test-fast SUBJECT=model`)
+
 ROOT = "/srv/fanout"
 COMMIT = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
 MODEL_ONLY = "deploys.model.snapshot.model_snapshot"

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import requests
 
 from deploys import monitoring
 from deploys.inventory import inventory_configs, load_inventory
 from tests.node.conftest import INVENTORY, on_node, wait_serving
 from tests.sandbox.webhook_listener import WebhookListener
+
+pytestmark = pytest.mark.monitoring  # the node tier's subject (`make test-fast SUBJECT=monitoring`)
 
 WATCHER = "sandbox-a"
 

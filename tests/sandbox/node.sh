@@ -24,7 +24,9 @@ set -euo pipefail
 SANDBOX_DIR=${SANDBOX_DIR:-/var/tmp/inference-nodes-sandbox}
 PKGS=systemd,systemd-sysv,dbus,openssh-server,python3,podman,nftables,aardvark-dns,iproute2,procps,ca-certificates,busybox-static
 MIRROR=${SANDBOX_MIRROR:-http://deb.debian.org/debian}
-TAR=$SANDBOX_DIR/cache/trixie-$(printf '%s' "$PKGS" | sha256sum | cut -c1-12).tar
+# The node rootfs in use: a link to trixie-<key>.tar, the key hashing the package list and the suite's InRelease as
+# the mirror publishes it today (what mmdebstrap would install), so a point release rebuilds it (build, ~30 s).
+TAR=$SANDBOX_DIR/cache/trixie.tar
 KEY=$SANDBOX_DIR/ssh/id_ed25519
 SSHCFG=$SANDBOX_DIR/ssh/config
 SHM_SIZE=${SANDBOX_SHM_SIZE:-16g}
@@ -341,13 +343,26 @@ stop_standins() {
 }
 
 build() {
-  [ -s "$TAR" ] && return
-  mkdir -p "$(dirname "$TAR")"
-  log "building rootfs (trixie, ~30 s): $TAR"
-  mmdebstrap --quiet --variant=apt --mode=root --format=tar --include="$PKGS" \
-    --customize-hook='rm -f "$1/etc/machine-id"; touch "$1/etc/machine-id"' \
-    trixie "$TAR.tmp" "deb $MIRROR trixie main"
-  mv "$TAR.tmp" "$TAR"
+  local cache=$SANDBOX_DIR/cache release key tar old
+  mkdir -p "$cache"
+  if ! release=$(curl -sfL --max-time 30 "$MIRROR/dists/trixie/InRelease" | sha256sum | cut -c1-64) \
+      || [ "$release" = "$(printf '' | sha256sum | cut -c1-64)" ]; then
+    [ -s "$TAR" ] && { log "the mirror's trixie InRelease cannot be read: reusing $(readlink "$TAR")"; return; }
+    log "the mirror's trixie InRelease cannot be read ($MIRROR) and no rootfs is cached"; return 1
+  fi
+  key=$(printf '%s %s' "$PKGS" "$release" | sha256sum | cut -c1-12)
+  tar=trixie-$key.tar
+  if [ ! -s "$cache/$tar" ]; then
+    log "building rootfs (trixie as published today, ~30 s): $cache/$tar"
+    mmdebstrap --quiet --variant=apt --mode=root --format=tar --include="$PKGS" \
+      --customize-hook='rm -f "$1/etc/machine-id"; touch "$1/etc/machine-id"' \
+      trixie "$cache/$tar.tmp" "deb $MIRROR trixie main"
+    mv "$cache/$tar.tmp" "$cache/$tar"
+  fi
+  [ "$(readlink "$TAR" 2>/dev/null)" = "$tar" ] || { ln -sfn "$tar" "$TAR.new" && mv -T "$TAR.new" "$TAR"; }
+  for old in "$cache"/trixie-*.tar; do  # superseded rootfs tarballs (a node's rootfs is its own copy)
+    [ "$old" = "$cache/$tar" ] || [ ! -e "$old" ] || { rm -f "$old"; log "removed the superseded $old"; }
+  done
 }
 
 sshkey() {

@@ -16,7 +16,7 @@
 #               `podman image inspect NAME@DIGEST` finds it, so the deploy sees it present and pulls nothing.
 #               The registry holds the same digest: a node without the store pulls it (the deploy's pull path).
 # Keys: the base key hashes what goes into the rootfs; the image key adds layer 2's inputs. A second `up`
-# with an unchanged key costs a file test. Old rootfs/store directories are not deleted (log says which).
+# with an unchanged key costs a file test. Superseded rootfs/store directories are removed (vllm_prune).
 VLLM_CACHE=${SANDBOX_VLLM_CACHE:-$SANDBOX_DIR/cache}
 VLLM_RECIPE=1        # bump when the recipe below changes in a way the hashed inputs do not show
 VLLM_SUITE=bookworm  # Python 3.11, like the measured host venv
@@ -158,6 +158,18 @@ vllm_registry() {
   rm -rf "$b"
 }
 
+# Superseded builds (6 GB each) go once this version's store is built, unless a running node binds one (a demo of
+# another checkout): that one is named and kept. Called under the build lock.
+vllm_prune() {
+  local old
+  for old in "$VLLM_CACHE"/vllm-rootfs-* "$VLLM_CACHE"/vllm-store-*; do
+    case $old in "$VLLM_ROOTFS"|"$VLLM_STORE"|*.tmp) continue ;; esac
+    [ -e "$old" ] || continue
+    if pgrep -f -- "--bind-ro=$old:" >/dev/null; then log "keeping the older vLLM build $old: a running node binds it"
+    else rm -rf "$old"; log "removed the superseded vLLM build $old"; fi
+  done
+}
+
 vllm_image() {
   mkdir -p "$VLLM_CACHE"
   local i; for i in $(seq 50); do curl -sf -o /dev/null "http://$REGISTRY_ADDR/v2/" && break; sleep 0.1; done
@@ -165,9 +177,7 @@ vllm_image() {
     exec 8>"$VLLM_CACHE/vllm.lock"; flock 8     # two harnesses on one machine build it once
     if [ ! -f "$VLLM_STORE/digest" ]; then
       vllm_rootfs; vllm_store
-      local old; old=$(ls -d "$VLLM_CACHE"/vllm-rootfs-* "$VLLM_CACHE"/vllm-store-* 2>/dev/null \
-        | grep -v -e "$VLLM_ROOTFS\$" -e "$VLLM_STORE\$" || true)
-      [ -z "$old" ] || log "older vLLM image builds (not in use by this version; remove when no node uses them): $old"
+      vllm_prune
     fi
     exec 8>&-
   fi

@@ -81,3 +81,24 @@ def test_every_fact_read_and_operation_goes_through_the_toolkits_own_helpers():
                     if m.strip() != "server"]  # server.reboot's body, yielded from the driver's own operation
     assert not direct, f"host.get_fact called directly (use deploys.run.reads.read): {direct}"
     assert not builtin, f"pyinfra's own operations or decorator used (use the toolkit's): {builtin}"
+
+
+def test_a_changed_pin_gets_a_new_range_venv_and_the_stale_one_goes(tmp_path, monkeypatch):
+    from tests import pyinfra_range
+
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\ndependencies = ["pyinfra~=3.10.0", "pydantic==2.14.4"]\n'
+                         '[project.optional-dependencies]\ntest = ["pytest==9.2.0"]\n')
+    first = pyinfra_range.pins_key(str(pyproject))
+    assert pyinfra_range.pins_key(str(pyproject)) == first
+    pyproject.write_text(pyproject.read_text().replace("pytest==9.2.0", "pytest==9.2.1"))
+    second = pyinfra_range.pins_key(str(pyproject))
+    assert second != first, "a changed test pin must name another venv"
+    monkeypatch.setattr(pyinfra_range, "VENVS", str(tmp_path / "range"))
+    stale, other_release = tmp_path / f"range-3.10.0-{first}", tmp_path / f"range-3.10.1-{first}"
+    for d in (stale, other_release, tmp_path / "range-3.10.0"):  # the unkeyed name of earlier versions too
+        (d / "bin").mkdir(parents=True)
+    venv = pyinfra_range.venv_for(Version("3.10.0"), second)
+    assert venv == str(tmp_path / f"range-3.10.0-{second}")
+    assert not stale.exists() and not (tmp_path / "range-3.10.0").exists()
+    assert other_release.exists(), "another release's venv is not this one's to remove"
