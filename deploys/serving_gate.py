@@ -198,7 +198,7 @@ def readiness_verdict(now: dict, first: dict, head: bool) -> tuple[str, str]:
 
 
 def wait_serving(run: Callable[[str], str], cfg: NodeConfig, head: bool, timeout: float,
-                 progress: Callable[[str], None] | None = None, interval: float = 5.0,
+                 progress: Callable[[str], None] | None = None, interval: float = 2.0,
                  every: float = 30.0, abort: Callable[[], str | None] | None = None) -> tuple[bool, str, dict]:
     """Wait until the service of ``cfg`` is ready (``readiness_verdict``), at most ``timeout`` seconds.
     ``run(command) -> stdout`` runs a command on the node; ``progress(line)`` hears the elapsed time and the

@@ -14,7 +14,7 @@ __all__ = [
     "nvidia_module_root", "nvidia_kernel_headers", "allow_reboot", "nvidia_toolkit_repo_url", "nvidia_toolkit_key_url",
     "nvidia_toolkit_key_fingerprint", "vllm_args_check_network", "registries", "registry_auth_file", "image_digest", "model_hub_endpoint",
     "model_control_cache", "roce_sysfs_root", "limits_memlock", "limits_nofile", "limits_host_wide", "fabric_on_one_host",
-    "container_devices", "gate_kv_cache_min_tokens", "gate_kv_min_concurrency", "gate_concurrency_tokens",
+    "container_devices", "gate_kv_cache_min_tokens", "gate_kv_min_concurrency", "gate_concurrency_tokens", "service_restart_sec",
 ]
 
 _dir = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
@@ -76,6 +76,11 @@ container_devices = []
 gate_kv_cache_min_tokens = 1000000
 gate_kv_min_concurrency = 500.0
 gate_concurrency_tokens = 128
+
+# A unit's automatic restart after an exit (a worker's reboot ends its head's job, a killed head its worker's) comes
+# after a few seconds, not the write-up's 30: the node tier waits out every one. The delay still grows to
+# RestartMaxDelaySec over RestartSteps as in a lab (the rendered unit's keys are the unit tier's to check).
+service_restart_sec = 3
 
 # Every profile's registry is mirrored by the local one (pull by digest goes to the mirror).
 registries = [

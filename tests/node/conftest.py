@@ -10,7 +10,9 @@ import importlib
 
 importlib.import_module("pyinfra_cli")  # gevent's monkey-patching first, before anything imports ssl (requests)
 
-import json  # noqa: E402
+import contextlib  # noqa: E402
+import glob
+import json
 import os
 import shutil
 import subprocess
@@ -23,6 +25,34 @@ from tests.sandbox.nodes import sandbox_nodes
 NODE_SH = "tests/sandbox/node.sh"
 INVENTORY = "inventories/sandbox.py"
 PYINFRA = os.path.join(os.path.dirname(sys.executable), "pyinfra")
+SANDBOX_DIR = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
+SAVED = ".saved-by-a-node-test"  # a control-node file's copy while a test changes it (restored_afterwards)
+
+
+@contextlib.contextmanager
+def restored_afterwards(path: str):
+    """A control-node file under $SANDBOX_DIR (a client key file, say) that the test changes comes back as it was
+    when the block ends, and at the next session's start if this run is killed first (CI's time limit): its copy
+    waits beside it, written 0600 from the start (it may hold secrets)."""
+    saved = path + SAVED
+    with open(path, "rb") as src:
+        data = src.read()
+    fd = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    try:
+        yield
+    finally:
+        os.replace(saved, path)
+
+
+def restore_what_a_killed_run_changed(root: str = SANDBOX_DIR) -> list[str]:
+    """Put back every file a killed session's test left changed (its saved copy, two levels under ``root``)."""
+    restored = []
+    for saved in glob.glob(f"{root}/*/*{SAVED}") + glob.glob(f"{root}/*/*/*{SAVED}"):
+        os.replace(saved, saved[: -len(SAVED)])
+        restored.append(saved[: -len(SAVED)])
+    return restored
 
 
 def _cannot_boot() -> str | None:
@@ -40,6 +70,8 @@ def sandbox():
         if os.environ.get("CI") == "true":
             pytest.fail(f"node tier cannot run under CI: {reason}")
         pytest.skip(reason)
+    for path in restore_what_a_killed_run_changed():
+        print(f"\n[sandbox] {path}: restored as it was before a killed run's test changed it")
     nodes = sandbox_nodes(INVENTORY)
     reuse = os.environ.get("SANDBOX_REUSE") == "1" and os.environ.get("CI") != "true"
     if not reuse:  # fresh nodes: a leftover `make demo` node is not (SANDBOX_REUSE=1 keeps a demo, for debugging)
@@ -50,8 +82,8 @@ def sandbox():
         subprocess.run([sys.executable, "-m", "tests.sandbox.nodes", "--manifests"], check=True)
         yield [name for name, *_ in nodes]
     finally:
-        if not reuse:
-            subprocess.run([NODE_SH, "down-all"], check=False)
+        if not reuse:  # throwaway nodes: no clean halt to wait for (up to 30 s a node), their rootfs goes anyway
+            subprocess.run([NODE_SH, "down-all"], check=False, env={**os.environ, "FAST_DOWN": "1"})
 
 
 def pyinfra(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -108,6 +140,6 @@ def wait_serving(nodes: list[str], timeout: float = 900, inventory: str = INVENT
         if cfg.node_rank != 0:
             continue
         try:
-            wait_ready(f"http://127.0.0.1:{cfg.api_port}", max(0.0, timeout - (time.monotonic() - t0)))
+            wait_ready(f"http://127.0.0.1:{cfg.api_port}", max(0.0, timeout - (time.monotonic() - t0)), interval=1.0)
         except TimeoutError:
             pass  # as before: the caller's own checks say what is not serving

@@ -15,6 +15,8 @@ import urllib.request
 
 import pytest
 
+from deploys.inference_service import served_model_name
+from deploys.inventory import inventory_configs, load_inventory
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra, wait_serving
 
 LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"
@@ -208,11 +210,23 @@ def test_host_wide_limits_off_leave_the_service_its_own(sandbox, tmp_path):
 
 
 def test_audit_after_reboot(sandbox):
+    """Every node back at boot with no converge: each service started behind the model gate (verified at this boot),
+    the heads serve their model, the audit passes, and a converge afterwards changes nothing."""
     pyinfra(INVENTORY, "server.reboot", "delay=5", "interval=1", "reboot_timeout=120")
     wait_serving(sandbox)  # the services start at boot, behind the model gate, and load before they answer
+    configs = inventory_configs(load_inventory(INVENTORY))
+    for node in sandbox:
+        service = f"{configs[node].container_name}.service"
+        assert on_node(node, f"systemctl is-active {service}").stdout.strip() == "active", node
+        journal = on_node(node, f"journalctl -b -u {service} --no-pager").stdout
+        assert "verified against sha256:" in journal, f"{node}: the model gate did not run at boot:\n{journal[-2000:]}"
+        if configs[node].node_rank == 0:
+            with urllib.request.urlopen(f"http://127.0.0.1:{configs[node].api_port}/v1/models", timeout=10) as r:
+                assert [m["id"] for m in json.load(r)["data"]] == [served_model_name(configs[node])], node
     proc = _audit()
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert " passed" in proc.stdout and " failed" not in proc.stdout
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []
 
 
 def test_audit_catches_drift_and_converge_repairs_it(sandbox):

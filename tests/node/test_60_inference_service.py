@@ -47,7 +47,7 @@ def container_id(node: str) -> str:
 def wait_ready(node: str, timeout: float = READY_S) -> float:
     """Seconds until the head's /health answers 200."""
     try:
-        return serving_gate.wait_ready(f"http://127.0.0.1:{PORTS[node]}", timeout)
+        return serving_gate.wait_ready(f"http://127.0.0.1:{PORTS[node]}", timeout, interval=1.0)
     except TimeoutError as e:
         journal = on_node(node, f"journalctl -u {UNITS[node]} --no-pager -n 60").stdout
         raise AssertionError(f"{node}: {e}:\n{journal}") from None
@@ -169,22 +169,28 @@ def test_noop_converge_keeps_the_same_processes(sandbox):
 
 
 @pytest.mark.lifecycle
+@pytest.mark.monitoring
 def test_the_audit_against_a_stopped_service_fails_at_once_and_a_converge_waits_for_it(sandbox):
     """A stopped service: the audit's serving check names the unit's state and journal without waiting out
-    service_ready_timeout_sec (900 s here); the converge that starts it ends only once it passed the gate."""
+    service_ready_timeout_sec (900 s here); Prometheus fires InferenceServiceDown at the webhook listener (critical,
+    naming the host); the converge that starts it ends only once it passed the gate, and the alert resolves."""
     node = "sandbox-a"
-    assert on_node(node, f"systemctl stop {UNITS[node]}").returncode == 0
-    t0 = time.monotonic()
-    audit = gate("--limit", node)
-    took = time.monotonic() - t0
-    assert audit.returncode == 1 and "grandpa.service: the unit is inactive (dead)" in audit.stdout, audit.stdout[-3000:]
-    assert took < 120, f"the audit waited {took:.0f} s for a service that is not starting"
-    converge = pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)
-    changed = dict(changed_operations(converge))
-    assert changed["Inference service | Start or update heads and single nodes"] == [node] and changed[SERVING] == [node]
-    assert "passed the serving gate (7 checks" in converge.stderr, converge.stderr[-3000:]
-    with urllib.request.urlopen(f"http://127.0.0.1:{PORTS[node]}/health", timeout=5) as r:
-        assert r.status == 200, "the converge ended before the service served"
+    with WebhookListener() as hook:
+        t0 = time.time()
+        assert on_node(node, f"systemctl stop {UNITS[node]}").returncode == 0
+        audit = gate("--limit", node)
+        took = time.time() - t0
+        assert audit.returncode == 1 and "grandpa.service: the unit is inactive (dead)" in audit.stdout, audit.stdout[-3000:]
+        assert took < 120, f"the audit waited {took:.0f} s for a service that is not starting"
+        fired = hook.wait_for("InferenceServiceDown", node, "firing", timeout=120, since=t0)
+        assert fired["labels"]["severity"] == "critical" and node in fired["annotations"]["summary"], fired
+        converge = pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)
+        changed = dict(changed_operations(converge))
+        assert changed["Inference service | Start or update heads and single nodes"] == [node] and changed[SERVING] == [node]
+        assert "passed the serving gate (7 checks" in converge.stderr, converge.stderr[-3000:]
+        with urllib.request.urlopen(f"http://127.0.0.1:{PORTS[node]}/health", timeout=5) as r:
+            assert r.status == 200, "the converge ended before the service served"
+        hook.wait_for("InferenceServiceDown", node, "resolved", timeout=120, since=t0)
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
 
 
@@ -289,11 +295,10 @@ def test_a_worker_does_not_outlive_its_head(sandbox):
     assert on_node("sandbox-b0", f"systemctl stop {UNITS['sandbox-b0']}").returncode == 0
     deadline = time.monotonic() + 300  # grace (120 s from the worker's start) + 3 failed probes 10 s apart
     while time.monotonic() < deadline and container_id("sandbox-b1") == worker:
-        time.sleep(3)
+        time.sleep(1)
     assert container_id("sandbox-b1") != worker, "the worker kept running without its head"
-    pyinfra(INVENTORY, "deploys/all.py")  # the head back; the worker was restarted by its unit
-    wait_ready("sandbox-b0")
-    assert gate("--limit", "sandbox-b0").returncode == 0
+    back = pyinfra(INVENTORY, "deploys/all.py")  # the head back; the worker was restarted by its unit
+    assert re.search(r"\[sandbox-b0\] +passed the serving gate \(\d+ checks", back.stderr), back.stderr[-3000:]
 
 
 def _reformed(head: str, old_container: str, bound: float) -> float:
@@ -302,13 +307,13 @@ def _reformed(head: str, old_container: str, bound: float) -> float:
     t0 = time.monotonic()
     while container_id(head) in (old_container, ""):
         assert time.monotonic() - t0 < bound, f"{head} did not restart by itself within {bound:.0f} s"
-        time.sleep(3)
+        time.sleep(1)
     while True:
         wait_ready(head, max(1.0, bound - (time.monotonic() - t0)))
         if gate("--limit", head).returncode == 0:
             return time.monotonic() - t0
         assert time.monotonic() - t0 < bound, f"{head} did not pass the serving smoke within {bound:.0f} s"
-        time.sleep(5)
+        time.sleep(2)
 
 
 @pytest.mark.pair
@@ -418,10 +423,8 @@ def test_a_forced_full_rehash_repairs_under_the_running_service_and_restarts_it(
                        "Inference service | Wait until it serves (heads: /health and the serving gate)"], changed
     assert "HASH model-00001-of-00004.safetensors" in forced.stderr
     assert "the model snapshot changed since grandpa.service started (repaired files): restarting it" in forced.stderr
-    wait_ready(node)
     assert main_pid(node) != before, "the service that loaded the bad file was restarted"
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
-    assert gate("--limit", node).returncode == 0
 
 
 @pytest.mark.lifecycle
@@ -490,7 +493,6 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     assert f"{node}: rolled back: grandpa.service serves the last good release " in converge.stderr, converge.stderr[-3000:]
     assert f"@{BROKEN_COMMIT[:12]}" in converge.stderr and "@7872f01b1d1f" in converge.stderr
     assert on_node(node, "inference-nodes-model-gate").stdout == good_snapshot, "the good snapshot, verified as before"
-    assert gate("--limit", node).returncode == 0, "serving the good model again, without another converge"
     audit = subprocess.run([*AUDIT, "--limit", node, "-k", "release"], capture_output=True, text=True, timeout=300)
     assert audit.returncode == 0 and "1 passed" in audit.stdout, audit.stdout[-3000:]
     # an inventory that asks for the broken commit: the audit names the release served and the one asked for
@@ -545,7 +547,6 @@ def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbo
     # loses its job may restart again later)
     head, worker = starts["sandbox-b0"], starts["sandbox-b1"]
     assert len(head) >= 2 and any(head[-2] < t < head[-1] for t in worker), f"the worker rolls back first: {starts}"
-    assert gate("--limit", "sandbox-b0").returncode == 0, "the pair serves the good model again, as one job"
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", "gb10_dspark")) == []
 
 
@@ -585,17 +586,5 @@ def test_a_release_whose_engine_refuses_to_start_fails_the_converge_with_the_rea
     assert "Input should be less than or equal to 1" in proc.stderr, proc.stderr[-3000:]
     assert took < 600, f"the converge waited {took:.0f} s for a unit that had failed"
     assert f"{node}: rolled back: grandpa.service serves the last good release " in proc.stderr, proc.stderr[-3000:]
-    assert gate("--limit", node).returncode == 0
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
 
-
-def test_service_back_after_a_reboot_with_the_gate_in_force(sandbox):
-    node = "sandbox-a"
-    pyinfra(INVENTORY, "server.reboot", "delay=5", "interval=1", "reboot_timeout=180", "--limit", node)
-    on_node(node, f"systemctl is-active --wait {UNITS[node]} || sleep 3")
-    assert on_node(node, f"systemctl is-active {UNITS[node]}").stdout.strip() == "active"
-    journal = on_node(node, f"journalctl -b -u {UNITS[node]} --no-pager").stdout
-    assert "verified against sha256:" in journal  # the gate ran at boot
-    wait_ready(node)
-    assert models(node) == ["grandpa"]
-    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py")) == []

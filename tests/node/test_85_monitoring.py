@@ -15,7 +15,6 @@ import requests
 from deploys import monitoring
 from deploys.inventory import inventory_configs, load_inventory
 from tests.node.conftest import INVENTORY, on_node, wait_serving
-from tests.sandbox.webhook_listener import WebhookListener
 
 pytestmark = pytest.mark.monitoring  # the node tier's subject (`make test-fast SUBJECT=monitoring`)
 
@@ -112,18 +111,3 @@ def test_monitoring_listens_on_loopback_and_the_exporter_address_only(sandbox):
         assert addresses == sorted([f"127.0.0.1:{cfg.node_exporter_port}",
                                     f"{cfg.node_exporter_address}:{cfg.node_exporter_port}"]), (name, listen)
 
-
-def test_a_stopped_service_fires_the_service_down_alert_and_resolves_when_it_serves(sandbox):
-    head = "sandbox-a"
-    service = f"{_configs()[head].container_name}.service"
-    wait_serving([head])
-    with WebhookListener() as hook:
-        t0 = time.time()
-        assert on_node(head, f"systemctl stop {service}").returncode == 0
-        try:
-            fired = hook.wait_for("InferenceServiceDown", head, "firing", timeout=120, since=t0)
-            assert fired["labels"]["severity"] == "critical" and head in fired["annotations"]["summary"]
-        finally:
-            assert on_node(head, f"systemctl start {service}").returncode == 0
-        wait_serving([head])
-        hook.wait_for("InferenceServiceDown", head, "resolved", timeout=120, since=t0)

@@ -4,7 +4,9 @@ down-all (run for real against a throwaway SANDBOX_DIR, with a stand-in process 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 
 NODE_SH = os.path.join(os.path.dirname(__file__), "..", "sandbox", "node.sh")
 
@@ -63,3 +65,36 @@ def listeners_on(port: int, proc_net_tcp: str) -> list[str]:
             out.append(".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)))
     return out
 
+
+
+KILLED_INSIDE = """
+import os, signal, sys
+from tests.node.conftest import restored_afterwards
+with restored_afterwards(sys.argv[1]):
+    open(sys.argv[1], "w").write("demo rotated-key\\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_control_node_file_a_node_test_changes_comes_back_even_after_a_killed_run(tmp_path):
+    """The key rotation drill rewrites the sandbox's client key file: it comes back when the test ends, and a run
+    killed inside it (CI's time limit) leaves a 0600 copy that the next session's start puts back."""
+    from tests.node.conftest import SAVED, restore_what_a_killed_run_changed, restored_afterwards
+
+    clients = tmp_path / "endpoint" / "clients"
+    clients.parent.mkdir()
+    clients.write_text("demo secret-key-1\n")
+    clients.chmod(0o600)
+    with restored_afterwards(str(clients)):
+        assert oct((tmp_path / "endpoint" / f"clients{SAVED}").stat().st_mode & 0o777) == "0o600"
+        clients.write_text("demo rotated-key\n")
+    assert clients.read_text() == "demo secret-key-1\n"
+    assert not (tmp_path / "endpoint" / f"clients{SAVED}").exists()
+    # a run SIGKILLed inside the block: the copy stays, the file keeps the rotated key
+    killed = subprocess.run([sys.executable, "-c", KILLED_INSIDE, str(clients)], capture_output=True, text=True,
+                            timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert clients.read_text() == "demo rotated-key\n"
+    assert restore_what_a_killed_run_changed(str(tmp_path)) == [str(clients)]
+    assert clients.read_text() == "demo secret-key-1\n" and oct(clients.stat().st_mode & 0o777) == "0o600"
+    assert restore_what_a_killed_run_changed(str(tmp_path)) == []
