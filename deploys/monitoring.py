@@ -428,8 +428,14 @@ def alert_rules(me: NodeConfig) -> list[dict]:
         ("GpuNotAnswering", "inference_nodes_gpu_query_ok == 0", me.alert_for_s, "critical",
          "nvidia-smi on {{ $labels.host }} does not answer: a GPU may have fallen off the bus (look for Xid 79 in the "
          "kernel log) or the driver is wedged; a reboot alone may not bring it back"),
-        ("GpuXidErrors", "delta(inference_nodes_gpu_xid_errors[10m]) > 0", 0, "critical",
-         "{{ $labels.host }} logged NVIDIA Xid errors in the last 10 minutes: read them in the kernel log"),
+        # by kind (files/monitoring/node_facts.py HARDWARE_XIDS); no series while the journal cannot be read, so a
+        # hiccup reads as nothing rather than as 0 and then a new error
+        ("GpuXidHardware", 'delta(inference_nodes_gpu_xid_errors{kind="hardware"}[10m]) > 0', 0, "critical",
+         "{{ $labels.host }} logged a hardware NVIDIA Xid in the last 10 minutes (48, 63/64, 74, 79, 92-95, 119/120: "
+         "ECC, row remapping, NVLink, off the bus, GSP): drain the node and read the kernel log"),
+        ("GpuXidErrors", 'delta(inference_nodes_gpu_xid_errors{kind="other"}[10m]) > 0', 0, "warning",
+         "{{ $labels.host }} logged NVIDIA Xid errors of an application kind in the last 10 minutes (13, 31, 43, 45: a "
+         "GPU process faulted or was killed): read them in the kernel log"),
         ("GpuEccUncorrected", "inference_nodes_gpu_ecc_uncorrected_errors > 0", 0, "critical",
          "a GPU of {{ $labels.host }} has uncorrected ECC errors since its driver loaded: drain and replace or reset it"),
         ("NodeFactsMissing", 'up{job="node"} == 1 unless on (host) inference_nodes_facts_timestamp_seconds',
@@ -472,7 +478,7 @@ ALERT_KEYS = {  # which key tunes each alert (docs/monitoring.md)
     "ReleaseNotGated": "alert_not_gated_for_s",
     "DeepVerifyOverdue": "model_deep_verify_every, model_deep_verify_window_h (per node)",
     "DriverModuleMismatch": "alert_for_s", "ModelDiskNearlyFull": "alert_model_disk_free_min_gib, alert_for_s",
-    "GpuNotAnswering": "alert_for_s", "GpuXidErrors": "(fires at once)", "GpuEccUncorrected": "(fires at once)",
+    "GpuNotAnswering": "alert_for_s", "GpuXidHardware": "(fires at once)", "GpuXidErrors": "(fires at once)", "GpuEccUncorrected": "(fires at once)",
     "NodeFactsMissing": "alert_for_s", "PrometheusConfigReloadFailed": "(fires at once)",
     "PrometheusRuleEvaluationFailures": "(fires at once)", "AlertmanagerNotificationsFailing": "(fires at once)",
     "MonitoringSelfScrapeDown": "alert_for_s", "Watchdog": "alertmanager_watchdog_url_file (always firing)",

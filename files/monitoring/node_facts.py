@@ -39,7 +39,12 @@ GPU_QUERY = "index,driver_version,utilization.gpu,power.draw,temperature.gpu,ecc
             "memory.used,memory.total"
 MIB = 1048576
 XID_MARK = "NVRM: Xid"
+XID_CODE = re.compile(r"NVRM: Xid \([^)]*\): (\d+)")
 XID_TIMEOUT_S = 10
+# NVIDIA's hardware Xids, a GPU to drain, reset or replace (double-bit ECC, page retirement and row remapping,
+# NVLink, fallen off the bus, ECC rates and contained/uncontained errors, GSP): they page. The others warn (13,
+# 31, 43, 45: an application's fault, or a GPU process that was killed).
+HARDWARE_XIDS = frozenset({48, 63, 64, 74, 79, 92, 93, 94, 95, 119, 120})
 SYSTEMCTL_TIMEOUT_S = 10
 MISMATCH_MARK = "Driver/library version mismatch"
 NVML_VERSION = re.compile(r"^\s*NVML library version:\s*(\S+)\s*$", re.MULTILINE)
@@ -71,7 +76,8 @@ FAMILIES = {
     "gpu_ecc_uncorrected_errors": ("gauge", "Uncorrected ECC errors since the driver loaded (volatile total)."),
     "gpu_memory_used_bytes": ("gauge", "GPU memory in use, bytes."),
     "gpu_memory_total_bytes": ("gauge", "GPU memory in all, bytes."),
-    "gpu_xid_errors": ("gauge", "Kernel log lines with 'NVRM: Xid' since boot (0 if the journal could not say)."),
+    "gpu_xid_errors": ("gauge", "Kernel log lines with 'NVRM: Xid' since boot, by kind: hardware (NVIDIA's hardware "
+                                "codes) or other; absent when the journal could not be read."),
     "model_free_bytes": ("gauge", "Bytes free to unprivileged users on the model directory's filesystem."),
     "deep_verify_ok": ("gauge", "1 if the last deep verify of the model snapshot found every file good, 0 if not."),
     "deep_verify_timestamp_seconds": ("gauge", "Unix time of the last deep verify."),
@@ -188,19 +194,30 @@ def driver_samples(config: dict, run: Run) -> list[Sample]:
             ("gpu_query_ok", {}, int(ok))] + gpu_samples(gpus)
 
 
+def xid_kind(line: str) -> str:
+    """``hardware`` for a line with one of HARDWARE_XIDS, else ``other`` (an unreadable code is not a hardware one)."""
+    code = XID_CODE.search(line)
+    return "hardware" if code and int(code.group(1)) in HARDWARE_XIDS else "other"
+
+
 def xid_samples(run: Run) -> list[Sample]:
-    """Xid lines in this boot's kernel log. journalctl exits 1 when the grep matches nothing: that is 0 too."""
-    count = 0
+    """Xid lines in this boot's kernel log, by kind. journalctl exits 1, silently, when the grep matches nothing: 0.
+    A journal that cannot be read (a timeout, another failure, no journalctl) gives no series: a count of 0 would
+    be a claim this program cannot make, and a 0 between two counts would read as a new error."""
     try:
         res = output_of(run, ["journalctl", "-k", "-b", "-o", "cat", "--no-pager", "-g", XID_MARK], XID_TIMEOUT_S)
-        if res.returncode == 0:
-            count = sum(1 for line in (res.stdout or "").splitlines() if XID_MARK in line)
-        elif res.returncode != 1 or (res.stdout or "").strip():
-            print(f"node_facts: journalctl exit {res.returncode}: {(res.stderr or '').strip()[:300]}",
-                  file=sys.stderr)
     except (OSError, subprocess.SubprocessError) as e:
-        print(f"node_facts: journalctl: {e}", file=sys.stderr)
-    return [("gpu_xid_errors", {}, count)]
+        print(f"node_facts: journalctl: {e}: no Xid series", file=sys.stderr)
+        return []
+    if res.returncode not in (0, 1) or (res.returncode == 1 and ((res.stdout or "").strip() or (res.stderr or "").strip())):
+        print(f"node_facts: journalctl exit {res.returncode}: {(res.stderr or '').strip()[:300]}: no Xid series",
+              file=sys.stderr)
+        return []
+    counts = {"hardware": 0, "other": 0}
+    for line in (res.stdout or "").splitlines() if res.returncode == 0 else []:
+        if XID_MARK in line:
+            counts[xid_kind(line)] += 1
+    return [("gpu_xid_errors", {"kind": kind}, count) for kind, count in counts.items()]
 
 
 def free_bytes_samples(model_dir: str) -> list[Sample]:

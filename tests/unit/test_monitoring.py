@@ -61,7 +61,8 @@ HEALTHY = [  # a serving head: every series the rules read, at good values (one 
     (f'inference_nodes_serving_gate_ok{{job="node",{L}}}', "1x20"),
     (f'inference_nodes_serving_release_gated{{job="node",{L}}}', "1x20"),
     (f'inference_nodes_gpu_query_ok{{job="node",{L}}}', "1x20"),
-    (f'inference_nodes_gpu_xid_errors{{job="node",{L}}}', "0x20"),
+    (f'inference_nodes_gpu_xid_errors{{job="node",kind="hardware",{L}}}', "0x20"),
+    (f'inference_nodes_gpu_xid_errors{{job="node",kind="other",{L}}}', "0x20"),
     (f'inference_nodes_gpu_ecc_uncorrected_errors{{job="node",{L}}}', "0x20"),
     # the monitoring host watching itself
     (f'up{{job="prometheus",{L}}}', "1x20"),
@@ -97,7 +98,10 @@ BROKEN = {
     "NodeFactsStale": ({f'inference_nodes_facts_timestamp_seconds{{job="node",{L}}}': "0+60x5 300x15"}, 11, 9,
                        {"job": "node"}),
     "GpuNotAnswering": ({f'inference_nodes_gpu_query_ok{{job="node",{L}}}': "1 1 0x18"}, 4, 2, {"job": "node"}),
-    "GpuXidErrors": ({f'inference_nodes_gpu_xid_errors{{job="node",{L}}}': "0 0 3x18"}, 2, 1, {"job": "node"}),
+    "GpuXidHardware": ({f'inference_nodes_gpu_xid_errors{{job="node",kind="hardware",{L}}}': "0 0 1x18"}, 2, 1,
+                       {"job": "node", "kind": "hardware"}),
+    "GpuXidErrors": ({f'inference_nodes_gpu_xid_errors{{job="node",kind="other",{L}}}': "0 0 3x18"}, 2, 1,
+                     {"job": "node", "kind": "other"}),
     "GpuEccUncorrected": ({f'inference_nodes_gpu_ecc_uncorrected_errors{{job="node",{L}}}': "0 0 2x18"}, 2, 1,
                           {"job": "node"}),
     "NodeFactsMissing": ({f'inference_nodes_facts_timestamp_seconds{{job="node",{L}}}': "0+60x5 _x15"}, 12, 8,
@@ -397,5 +401,21 @@ def test_a_service_down_during_a_converges_switch_is_planned_work_and_one_alert_
               {"eval_time": "10m", "alertname": "InferenceServiceDown",
                "exp_alerts": [{"exp_labels": labels, "exp_annotations": {"summary": _summary("InferenceServiceDown", me,
                                                                                                 labels)}}]}]
+    out = _run_promtool_test(promtool, tmp_path, me, series, checks)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_an_unreadable_journal_between_two_counts_pages_nothing_and_an_application_xid_only_warns(promtool, tmp_path):
+    """The Xid series missing for a while (the journal could not be read) and back at the same count fires nothing;
+    new application Xids (a killed GPU process) warn and never page as hardware."""
+    me = _me()
+    hw, other = (f'inference_nodes_gpu_xid_errors{{job="node",kind="{k}",{L}}}' for k in ("hardware", "other"))
+    changed = {hw: "2 2 _ _ 2x16", other: "0 0 _ _ 0 0 5x14"}
+    series = [(s, changed.get(s, v)) for s, v in HEALTHY]
+    labels = {**N, "job": "node", "kind": "other", "severity": "warning"}
+    checks = [{"eval_time": f"{m}m", "alertname": "GpuXidHardware", "exp_alerts": []} for m in (3, 5, 7, 12)]
+    checks += [{"eval_time": "5m", "alertname": "GpuXidErrors", "exp_alerts": []},
+               {"eval_time": "7m", "alertname": "GpuXidErrors", "exp_alerts": [
+                   {"exp_labels": labels, "exp_annotations": {"summary": _summary("GpuXidErrors", me, labels)}}]}]
     out = _run_promtool_test(promtool, tmp_path, me, series, checks)
     assert out.returncode == 0, out.stdout + out.stderr

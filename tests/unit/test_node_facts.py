@@ -201,22 +201,37 @@ def test_nvidia_smi_missing_hung_or_failing_is_query_not_ok_and_the_rest_is_stil
     text = collect(node, FakeRun(smi=failure))
     assert value(text, "gpu_query_ok") == 0 and value(text, "driver_module_matches") == 0
     assert value(text, "driver_info", branch="580", userspace="", module="580.95.05") == 1
-    assert value(text, "service_active") == 1 and value(text, "gpu_xid_errors") == 0
+    assert value(text, "service_active") == 1 and value(text, "gpu_xid_errors", kind="hardware") == 0
     assert value(text, "model_free_bytes") > 0
 
 
 # --- the kernel log, the model filesystem, the service ---------------------------------------------------------------
 
-def test_xid_lines_are_counted_and_a_journal_with_none_or_a_failing_journal_is_zero(node):
+def test_xid_lines_are_counted_by_kind_and_a_journal_with_none_is_zero(node):
     journal = done("NVRM: Xid (PCI:0000:17:00): 79, pid=1, GPU has fallen off the bus.\n"
-                   "NVRM: Xid (PCI:0000:17:00): 48, pid=1, DBE.\nsome other line\n")
+                   "NVRM: Xid (PCI:0000:17:00): 48, pid=1, DBE.\nsome other line\n"
+                   "NVRM: Xid (PCI:0000:17:00): 43, pid=4242, name=python3, Ch 00000008\n"
+                   "NVRM: Xid (PCI:0000:65:00): 13, pid=4242, Graphics Exception\n"
+                   "NVRM: Xid (PCI:0000:65:00): 119, pid=1, Timeout after 6s of waiting for RPC response from GSP!\n")
     run = FakeRun(journal=journal)
-    assert value(collect(node, run), "gpu_xid_errors") == 2
+    text = collect(node, run)
+    assert value(text, "gpu_xid_errors", kind="hardware") == 3 and value(text, "gpu_xid_errors", kind="other") == 2
+    check_format(text)
     argv, kw = next(c for c in run.calls if c[0][0] == "journalctl")
     assert argv == ["journalctl", "-k", "-b", "-o", "cat", "--no-pager", "-g", "NVRM: Xid"] and kw["timeout"] == 10
-    assert value(collect(node, FakeRun(journal=done("", 1))), "gpu_xid_errors") == 0
-    assert value(collect(node, FakeRun(journal=done("", 1, "Failed to ..."))), "gpu_xid_errors") == 0
-    assert value(collect(node, FakeRun(journal=subprocess.TimeoutExpired(["journalctl"], 10))), "gpu_xid_errors") == 0
+    none = collect(node, FakeRun(journal=done("", 1)))  # grep found nothing
+    assert value(none, "gpu_xid_errors", kind="hardware") == 0 and value(none, "gpu_xid_errors", kind="other") == 0
+
+
+@pytest.mark.parametrize("failure", [done("", 1, "Failed to open journal: Permission denied"), done("", 2, "bad -g"),
+                                     subprocess.TimeoutExpired(["journalctl"], 10), FileNotFoundError("journalctl")],
+                         ids=["exit-1-with-an-error", "exit-2", "timeout", "no-journalctl"])
+def test_a_journal_that_cannot_be_read_gives_no_xid_series_not_a_zero(node, failure, capsys):
+    """A 0 it cannot know would page as a new error once the next read counts again (N, 0, N); no series instead."""
+    text = collect(node, FakeRun(journal=failure))
+    assert "gpu_xid_errors" not in names(text) and value(text, "service_active") == 1
+    check_format(text)
+    assert "no Xid series" in capsys.readouterr().err
 
 
 def test_free_bytes_come_from_the_model_dir_or_its_nearest_existing_parent(node, tmp_path, monkeypatch):
@@ -332,7 +347,7 @@ def test_main_writes_the_file_atomically(node, tmp_path):
     assert out.stat().st_mode & 0o777 == 0o644 and out.parent.stat().st_mode & 0o777 == 0o755 & ~_umask()
     first = out.read_text()
     check_format(first)
-    assert value(first, "driver_module_matches") == 1 and value(first, "gpu_xid_errors") == 0
+    assert value(first, "driver_module_matches") == 1 and value(first, "gpu_xid_errors", kind="other") == 0
     old_inode = out.stat().st_ino
     assert nf.main(["--config", str(config)], run=FakeRun(smi=done(MISMATCH, returncode=18))) == 0
     assert os.listdir(out.parent) == ["inference_nodes.prom"]
@@ -364,7 +379,7 @@ def test_main_survives_a_node_with_nothing_to_report(tmp_path):
     text = (tmp_path / "m" / "x.prom").read_text()
     check_format(text)
     assert names(text) == {"facts_timestamp_seconds", "driver_info", "driver_module_matches", "gpu_query_ok",
-                           "gpu_xid_errors", "model_free_bytes", "deep_verify_max_age_seconds"}
+                           "model_free_bytes", "deep_verify_max_age_seconds"}  # no journal: no Xid count claimed
     assert value(text, "driver_info", branch="", userspace="", module="") == 1
 
 
