@@ -20,7 +20,10 @@ import sys
 
 import pytest
 
+from tests.lab_endpoint import make_lab_endpoint_dir
 from tests.sandbox.nodes import sandbox_nodes
+
+make_lab_endpoint_dir()  # the lab inventory's profile A, read by the Quadlet generator checks (test_50)
 
 NODE_SH = "tests/sandbox/node.sh"
 INVENTORY = "inventories/sandbox.py"
