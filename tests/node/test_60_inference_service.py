@@ -21,7 +21,7 @@ from datetime import datetime
 import pytest
 
 from deploys import serving_gate
-from tests.node.conftest import INVENTORY, PYINFRA, changed_operations, inventory_copy, on_node, pyinfra
+from tests.node.conftest import INVENTORY, PYINFRA, SANDBOX_DIR, changed_operations, inventory_copy, on_node, pyinfra
 from tests.sandbox.endpoint_client import STREAM_TOKENS, EndpointClient
 from tests.sandbox.standin_hub import BROKEN_COMMIT
 from tests.sandbox.webhook_listener import WebhookListener
@@ -33,7 +33,6 @@ HEADS = ("sandbox-a", "sandbox-b0")
 READY_S = 900  # a real vLLM loads and compiles first; three start at once on this 2-core machine
 AUDIT = [sys.executable, "-m", "pytest", "-q", "-rf", "tests/audit", "--inventory", INVENTORY]
 SERVING = "Inference service | Wait until it serves (heads: /health and the serving gate)"
-SANDBOX_DIR = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
 
 
 def main_pid(node: str) -> str:
