@@ -14,6 +14,7 @@ import contextlib  # noqa: E402
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,8 +96,30 @@ def pyinfra(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [PYINFRA, "-y", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{failure_excerpt(proc.stderr)}")
     return proc
+
+
+FAILURE_LINE = re.compile(r"\[[\w.-]+\] +(Error|Unexpected error)|^--> .*(error|failed)|Traceback \(most recent", re.I)
+
+
+def failure_excerpt(stderr: str, before: int = 4, after: int = 40, tail: int = 2500) -> str:
+    """What a failed run said about its failures: every error line with the lines around it (the operation's
+    name before, the reason and journal after), then the run's last lines. A long run's tail alone may hold only
+    the hosts that went on (CI once showed 6,000 characters of other hosts' successes and no reason)."""
+    lines = stderr.splitlines()
+    keep: set[int] = set()
+    for i, line in enumerate(lines):
+        if FAILURE_LINE.search(line):
+            keep.update(range(max(0, i - before), min(len(lines), i + after)))
+    shown, last = [], -2
+    for i in sorted(keep):
+        if i != last + 1:
+            shown.append("[...]")
+        shown.append(lines[i])
+        last = i
+    errors = "\n".join(shown)[:12000]
+    return (f"the run's errors:\n{errors}\n\nthe run's end:\n" if shown else "") + stderr[-tail:]
 
 
 def changed_operations(proc: subprocess.CompletedProcess) -> list[tuple[str, list[str]]]:
