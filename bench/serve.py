@@ -29,7 +29,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from deploys.inference_service import gate_record_path, served_model_name  # noqa: E402
+from deploys.service.release import gate_record_path  # noqa: E402
+from deploys.service.unit import served_model_name  # noqa: E402
 from deploys.inventory import inventory_configs, load_inventory  # noqa: E402
 from deploys.serving_gate import GATE, wait_ready  # noqa: E402
 

@@ -8,15 +8,15 @@ repair) -> NVIDIA driver -> container runtime -> host tuning -> model snapshot -
 from deploys.apt_state import package_manager_ready
 from deploys.container_runtime import container_runtime
 from deploys.endpoint import endpoint
-from deploys.failed_release import release_asked
 from deploys.host_tuning import host_tuning
-from deploys.inference_service import inference_service
 from deploys.model.integrity import model_integrity
 from deploys.model.snapshot import model_snapshot
 from deploys.monitoring import monitoring_host, node_metrics
 from deploys.nvidia_driver import nvidia_driver
 from deploys.preflight import preflight
 from deploys.run.ssh_nodelay import install as ssh_without_delay
+from deploys.service.deploy import inference_service
+from deploys.service.failed_release import release_asked
 from deploys.validate import validate
 
 ssh_without_delay()  # pyinfra has connected: each node's SSH socket sends at once from here on

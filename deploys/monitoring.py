@@ -35,7 +35,9 @@ from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.facts.files import Directory, Link
 
 from deploys.endpoint import read_clients, url_host
-from deploys.inference_service import gate_last_path, gate_record_path, started_from_path, switch_marker_path
+from deploys.service.door import switch_marker_path
+from deploys.service.release import gate_last_path, gate_record_path
+from deploys.service.unit import started_from_path
 from deploys.inventory import inventory_configs, node_config
 from deploys.model.snapshot import RECORD
 from deploys.ops import (atomic_put, directory_present, distro_unit_masked, follow_up_done, follow_up_reads,

@@ -114,7 +114,7 @@ def follow_up_done(stamp: str, command, paths: tuple[str, ...], contents: tuple[
     the stamp holds the fingerprint of the files the command last succeeded after, written only once it
     succeeded, and the write removes it (``atomic_put(resets=...)``). So a run killed between the write and
     the follow-up, or a follow-up that failed, is completed by the next run (the service restart does the
-    same with the unit's own start record: deploys/inference_service.py).
+    same with the unit's own start record: deploys/service/unit.py).
 
     + stamp: the stamp's name under FOLLOW_UP_DIR (one per follow-up)
     + command: shell command (a string or a StringCommand)

@@ -18,7 +18,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import OsRelease
 
 from deploys.apt_sources import sources_args
-from deploys.failed_release import failed_release_path
+from deploys.service.release import failed_release_path
 from deploys.run.reads import expect, operation, read
 from deploys.host_tuning import host_shm_problem
 from deploys.inventory import cluster_member_names, node_config

@@ -15,9 +15,10 @@ import argparse
 import os
 import sys
 
-from deploys import apt_state, container_runtime, endpoint, host_tuning, inference_service, monitoring, nvidia_driver
+from deploys import apt_state, container_runtime, endpoint, host_tuning, monitoring, nvidia_driver
 from deploys.model import integrity as model_integrity, snapshot as model_snapshot
 from deploys.inventory import LimitError, limited_hosts, load_inventory
+from deploys.service import unit as service_unit
 from deploys.schema import InventoryValidationError, NodeConfig, cluster_of, validate_inventory
 
 
@@ -37,9 +38,9 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: li
         model_snapshot.GATE: model_snapshot.render_gate(cfg.snapshot_dir),
         f"{model_integrity.UNIT_DIR}/{model_integrity.UNIT}.service": model_integrity.render_service(cfg),
         f"{model_integrity.UNIT_DIR}/{model_integrity.UNIT}.timer": model_integrity.render_timer(cfg),
-        f"{inference_service.UNIT_DIR}/{cfg.container_name}.container":
-            inference_service.render_container(cfg, head, nodes, members),
-        inference_service.service_env_path(cfg): inference_service.render_service_env(cfg, head, nodes),
+        f"{service_unit.UNIT_DIR}/{cfg.container_name}.container":
+            service_unit.render_container(cfg, head, nodes, members),
+        service_unit.service_env_path(cfg): service_unit.render_service_env(cfg, head, nodes),
     }
     if cfg.nvidia_driver_source == "cuda_repo":
         path = nvidia_driver.cuda_repo_path({"id": distro, "version_id": ""}, cfg.node_arch)

@@ -65,7 +65,7 @@ def gate_options(cfg: NodeConfig) -> list[str]:
 
 def restart_order(members: list[tuple[str, NodeConfig]]) -> list[tuple[str, NodeConfig]]:
     """A cluster's nodes in the order they (re)start: workers (rank > 0) before the head, as the deploy does
-    (deploys/inference_service.py: a head cannot take a new worker into a running job)."""
+    (deploys/service/unit.py: a head cannot take a new worker into a running job)."""
     return sorted(members, key=lambda m: m[1].node_rank == 0)
 
 

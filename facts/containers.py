@@ -122,7 +122,7 @@ class ServiceStartDict(TypedDict):
 
 class ServiceStartedFrom(FactBase[ServiceStartDict]):
     """What the service's last start recorded in ``record`` (its unit writes two hashes there at every start:
-    its unit and fabric env, and the snapshot stamp; deploys/inference_service.py), beside the hash of the
+    its unit and fabric env, and the snapshot stamp; deploys/service/unit.py), beside the hash of the
     snapshot stamp ``stamp`` now: a service whose snapshot was repaired since it started is restarted."""
 
     def command(self, record: str, stamp: str) -> str:
@@ -147,7 +147,7 @@ class GatePassedDict(TypedDict):
 
 class GatePassed(FactBase[GatePassedDict]):
     """When the serving gate last passed on this head, for which release and which start of the service
-    (``record``: written by the converge, deploys/inference_service.py), beside the service's start now."""
+    (``record``: written by the converge, deploys/service/switch.py), beside the service's start now."""
 
     def command(self, record: str, service: str) -> str:
         return (f"cat {shlex.quote(record)} 2>/dev/null; echo; echo '{_MARK}now'; "

@@ -1,5 +1,5 @@
 """Keys of how the container is run and what vLLM is told (Quadlet `[Container]`,
-deploys/inference_service.py)."""
+deploys/service/unit.py)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ model_layout = "plain"
 image = "ghcr.io/anemll/dspark-vllm-gx10:0.1.1"
 image_digest = "sha256:a83948492cf13df455170fb42885f5ef4db54fefe0feff0f841ecbff464ac9d8"
 
-# The unit renders vLLM's whole command line (deploys/inference_service.py vllm_argv): the snapshot path,
+# The unit renders vLLM's whole command line (deploys/service/unit.py vllm_argv): the snapshot path,
 # --served-model-name, --tensor-parallel-size, --nnodes/--node-rank/--master-addr/--master-port, --headless
 # on the worker, --host/--port on the head only. The name is the one seed 004's verify commands ask for.
 served_model_name = "deepseek-v4-flash-0731"

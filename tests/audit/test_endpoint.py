@@ -16,7 +16,7 @@ import requests
 
 from deploys.monitoring import EXPORTER
 from deploys.endpoint import ACCESS_LOG, UNIT, endpoint_url, read_clients
-from deploys.inference_service import served_model_name
+from deploys.service.unit import served_model_name
 
 
 @pytest.fixture

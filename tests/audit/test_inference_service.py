@@ -7,19 +7,9 @@ import json
 
 import pytest
 
-from deploys.inference_service import (
-    UNIT_DIR,
-    container_argv,
-    fingerprint,
-    gate_record_path,
-    release_named,
-    release_of,
-    render_cluster,
-    render_service_env,
-    service_env_path,
-    service_environment,
-    started_from_path,
-)
+from deploys.service.release import gate_record_path, release_named, release_of
+
+from deploys.service.unit import UNIT_DIR, container_argv, fingerprint, render_cluster, render_service_env, service_env_path, service_environment, started_from_path
 from deploys.model.snapshot import STAMP
 from deploys.schema import cluster_head, clusters
 from tests.audit.conftest import audited_inventory

@@ -13,7 +13,7 @@ import shlex
 
 import pytest
 
-from deploys.inference_service import served_model_name
+from deploys.service.unit import served_model_name
 from deploys.serving_gate import GATE_FILES, node_script
 
 pytestmark = [pytest.mark.long_context, pytest.mark.drained]

@@ -9,7 +9,7 @@ readiness read of its head (conftest.py `serving_node`): a service that is down 
 
 import pytest
 
-from deploys.inference_service import served_model_name
+from deploys.service.unit import served_model_name
 from deploys.serving_gate import gate_checks, gate_command, gate_options, startup_log_command, wait_serving
 from files.serving_gate.kv_capacity import kv_capacity, kv_capacity_problems
 

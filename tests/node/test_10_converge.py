@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from deploys.inference_service import served_model_name
+from deploys.service.unit import served_model_name
 from deploys.inventory import inventory_configs, load_inventory
 from tests.node.conftest import INVENTORY, changed_operations, on_node, pyinfra, wait_serving
 

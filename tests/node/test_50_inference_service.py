@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from deploys.inference_service import render_cluster
+from deploys.service.unit import render_cluster
 from deploys.inventory import inventory_configs, load_inventory
 from tests.node.conftest import NODE_SH
 from tests.unit.profiles import lab_filled_in
@@ -35,7 +35,7 @@ def test_generated_exec_start_runs_exactly_the_rendered_command_line(sandbox, tm
     comes only from the env files, the service's own last."""
     import shlex
 
-    from deploys.inference_service import container_argv, service_env_path
+    from deploys.service.unit import container_argv, service_env_path
     from deploys.schema import cluster_head, clusters
 
     configs = inventory_configs(load_inventory(lab_filled_in(tmp_path)))
@@ -92,7 +92,7 @@ def test_hostile_values_reach_the_process_exactly_as_written(sandbox, tmp_path):
     variables, hostile values included."""
     import json
 
-    from deploys.inference_service import container_argv, render_service_env, service_env_path, service_environment
+    from deploys.service.unit import container_argv, render_service_env, service_env_path, service_environment
     from deploys.schema import cluster_head, clusters
 
     configs = _hostile_configs(tmp_path)

@@ -1,4 +1,4 @@
-"""A release that failed is remembered on every member and not switched to again (deploys/failed_release.py); the
+"""A release that failed is remembered on every member and not switched to again (deploys/service/failed_release.py); the
 drill on real nodes: tests/node/test_60_inference_service.py (the scrambled upgrade, converged twice)."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from deploys.failed_release import decision, failure_record, forget_command, record_command
+from deploys.service.failed_release import decision
+from deploys.service.release import failure_record, forget_command, record_command
 from deploys.schema import validate_hosts
 from tests.unit.test_hostile_input import node_a
 
@@ -35,7 +36,7 @@ def test_another_release_or_a_retry_goes_ahead():
 
 
 def test_the_record_is_written_whole_and_forgotten_by_shell(tmp_path, monkeypatch):
-    from deploys import failed_release
+    from deploys.service import release as failed_release
 
     monkeypatch.setattr(failed_release, "STATE_DIR", str(tmp_path))
     cfg = validate_hosts(node_a())["node-a"]

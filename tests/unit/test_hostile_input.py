@@ -660,7 +660,7 @@ def test_render_cli_names_problems_never_a_traceback(tmp_path):
 
 
 def test_no_service_env_value_reaches_the_unit():
-    from deploys.inference_service import render_container, render_service_env
+    from deploys.service.unit import render_container, render_service_env
 
     hosts = node_a(service_env={**PROFILE_A["service_env"], "MODE": RANDOM, "DB_URL": "postgres://u:s3cr3t-db-pass@db"})
     cfg = validate_hosts(hosts)["node-a"]

@@ -7,14 +7,7 @@ import shlex
 
 import pytest
 
-from deploys.inference_service import (
-    allowed_container_keys,
-    keys_outside_allow_list,
-    render_cluster,
-    render_service_env,
-    service_env_path,
-    unit_sections,
-)
+from deploys.service.unit import allowed_container_keys, keys_outside_allow_list, render_cluster, render_service_env, service_env_path, unit_sections
 import tempfile
 
 from deploys.inventory import inventory_configs, load_inventory
@@ -202,7 +195,7 @@ def test_roce_gid_picks_the_v2_gid_of_the_fabric_address(tmp_path):
 
 
 def test_a_change_on_one_node_of_a_pair_changes_both_units():
-    from deploys.inference_service import render_container
+    from deploys.service.unit import render_container
     from deploys.schema import cluster_head, clusters
 
     members = clusters(LAB)["gb10-dspark"]
@@ -274,7 +267,7 @@ def test_the_last_good_release_is_kept_whole_and_put_back_by_the_shell_commands(
     import stat
     import subprocess
 
-    from deploys import inference_service as svc
+    from deploys.service import release as svc
     from deploys.ops import content_fingerprint
     from deploys.schema import NodeConfig
     from files import helper_path
@@ -473,7 +466,7 @@ def test_a_cluster_changes_only_with_every_member_here():
 def test_cuda_sees_the_cdi_devices_numbered_from_zero():
     """`gpu_indices = [2, 3]` (half of a host split between two services): CDI passes those two devices and CUDA
     numbers them 0 and 1 inside; a `--privileged` container sees every GPU, so host indices in nvidia-smi's order."""
-    from deploys.inference_service import render_container, service_environment
+    from deploys.service.unit import render_container, service_environment
 
     a = LAB["rtx-pro-a.lab.example"]
     half = a.model_copy(update={"gpu_indices": [2, 3], "container_privileged": False})
@@ -486,7 +479,8 @@ def test_cuda_sees_the_cdi_devices_numbered_from_zero():
 
 
 def test_the_argument_check_runs_with_least_privilege_unless_the_inventory_says_so():
-    from deploys.inference_service import args_check_command, vllm_argv
+    from deploys.service.launch_check import args_check_command
+    from deploys.service.unit import vllm_argv
 
     b0 = LAB["gb10-b0.lab.example"]
     argv = shlex.split(args_check_command(b0, vllm_argv(b0, b0, 2)).split(" || ")[0])
@@ -498,7 +492,7 @@ def test_the_argument_check_runs_with_least_privilege_unless_the_inventory_says_
 def test_a_rollback_is_gated_where_the_restored_release_listens_and_by_its_name():
     """A failed release that moved the API's port or renamed the model: the release a rollback restores is gated
     with the port, address and name recorded with it; a release kept before they were recorded, as now."""
-    from deploys.inference_service import as_released, release_of
+    from deploys.service.release import as_released, release_of
 
     cfg = LAB["rtx-pro-a.lab.example"]
     good = release_of(cfg, "f" * 64)
@@ -515,7 +509,7 @@ def test_the_switch_marker_is_json_with_its_bound_from_the_nodes_clock(tmp_path)
     import subprocess
     import time
 
-    from deploys.inference_service import switch_marker_command, switch_marker_path
+    from deploys.service.door import switch_marker_command, switch_marker_path
 
     cfg = LAB["rtx-pro-a.lab.example"]
     path = switch_marker_path(cfg)

@@ -6,7 +6,7 @@ from pydantic import ValidationError
 
 from deploys.model.integrity import render_service, render_timer, verify_argv
 from deploys.model.snapshot import max_age_s
-from deploys.inference_service import unit_sections
+from deploys.service.unit import unit_sections
 from deploys.schema import NodeConfig
 from tests.unit.profiles import profile
 

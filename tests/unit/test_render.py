@@ -5,7 +5,7 @@ import shlex
 import subprocess
 import sys
 
-from deploys.inference_service import unit_sections
+from deploys.service.unit import unit_sections
 from tests.unit.profiles import lab_filled_in
 
 

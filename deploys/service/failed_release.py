@@ -1,8 +1,8 @@
 """A release that failed is remembered on every member of its cluster, and not switched to again.
 
 When a head's serving gate fails (whatever `failed_release_policy` then does), the head writes the release that failed
-(its id, image, model commit, time and the first line of why) to :func:`failed_release_path` on itself and on each of
-its workers. A later converge that asks for that same release is refused on each member before anything on the node
+(its id, image, model commit, time and the first line of why) to ``failed_release_path`` (deploys/service/release.py)
+on itself and on each of its workers. A later converge that asks for that same release is refused on each member before anything on the node
 changes (no download, no re-hash, no restart): the node stays on what it serves and the run says it is behind its
 inventory, naming the release, when it failed and why, and how to try again (`--data retry_failed_release=true`, or a
 changed inventory). The record stays while the inventory asks for other releases; a pass of the release asked for
@@ -11,64 +11,24 @@ removes it.
 
 from __future__ import annotations
 
-import json
-import posixpath
-import shlex
-from datetime import datetime, timezone
-
 from pyinfra import host
 from pyinfra.api import deploy
 
 from deploys.inventory import node_cluster, node_config
 from deploys.ops import fail_host
 from deploys.run.reads import operation, read
-from deploys.schema import NodeConfig
+from deploys.service.release import failed_release_path, release_named, release_of
+from deploys.service.unit import fingerprint, render_container
 from facts.containers import JsonRecord
-
-STATE_DIR = "/var/lib/inference-nodes"
-
-
-def failed_release_path(cfg: NodeConfig) -> str:
-    return f"{STATE_DIR}/{cfg.container_name}.failed-release.json"
 
 
 def asked_release() -> dict:
     """The release the inventory asks the cluster of the host being prepared to serve: its head's (the id every
     member's record names)."""
-    from deploys.inference_service import fingerprint, release_of, render_container
-
     cluster = node_cluster()
     head = cluster.head
     unit = render_container(head, head, cluster.size, cluster.members)
     return release_of(head, fingerprint(unit, head, head, cluster.size))
-
-
-def failure_record(release: dict, why: str) -> dict:
-    """What a member keeps of a failed release: which, when, and the first line of why (no journal)."""
-    reason = why.strip().splitlines()[0] if why.strip() else "failed"
-    return {"release": release.get("release"), "image": release.get("image"),
-            "model_repo": release.get("model_repo"), "model_revision": release.get("model_revision"),
-            "failed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "reason": reason[:300]}
-
-
-def json_file_command(path: str, data: dict) -> str:
-    """Shell: ``data`` as the JSON file ``path`` on a node, replaced whole (a temporary renamed over it)."""
-    text = shlex.quote(json.dumps(data, sort_keys=True) + "\n")
-    return f"mkdir -p {posixpath.dirname(path)} && printf %s {text} > {path}.tmp && mv -f {path}.tmp {path}"
-
-
-def record_command(cfg: NodeConfig, record: dict) -> str:
-    """Shell: keep ``record`` as this member's failed release."""
-    return json_file_command(failed_release_path(cfg), record)
-
-
-def forget_command(cfg: NodeConfig) -> str:
-    return f"rm -f {failed_release_path(cfg)}"
-
-
-def named(record: dict) -> str:
-    revision = str(record.get("model_revision") or "?")
-    return f"release {record.get('release')} (image {record.get('image')}, {record.get('model_repo')}@{revision[:12]})"
 
 
 @operation()
@@ -93,10 +53,10 @@ def decision(name: str, failed: dict, asked: dict, retry: bool) -> tuple[bool, s
         return False, "no failed release is remembered here"
     when = f"failed here at {failed.get('failed_at')}"
     if failed.get("release") != asked["release"]:
-        return False, f"{named(failed)} {when}; the inventory asks for another"
+        return False, f"{release_named(failed)} {when}; the inventory asks for another"
     if retry:
-        return False, f"{named(failed)} {when}: trying it again (retry_failed_release)"
-    return True, (f"{name}: the inventory asks for {named(failed)}, which {when}: {failed.get('reason')}\n{name}: "
+        return False, f"{release_named(failed)} {when}: trying it again (retry_failed_release)"
+    return True, (f"{name}: the inventory asks for {release_named(failed)}, which {when}: {failed.get('reason')}\n{name}: "
                   "nothing changed; the node stays on the release it serves and is behind its inventory. Try the "
                   "release again with `--data retry_failed_release=true` once what failed is fixed outside the "
                   "inventory, or change the inventory")

@@ -1,0 +1,110 @@
+"""The restart decision: whether a node's service must start or restart now, read from the node (what it started
+from against what the converge renders and what is verified now), workers (rank > 0) before heads; a multi-node
+cluster changes only as a whole."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand
+from pyinfra.facts.files import Sha256File
+from pyinfra.facts.systemd import SystemdStatus
+
+from deploys.inventory import node_config
+from deploys.model.snapshot import GATE, STAMP
+from deploys.ops import cluster_all_here
+from deploys.run.reads import operation, read
+from deploys.service.door import drain, switch_marker_command
+from deploys.service.release import as_released, gate_record_path
+from facts.containers import GatePassed, ServiceStartedFrom
+
+
+def restart_reason(running: bool, start: dict, fingerprint: str) -> str | None:
+    """Why the service must be started or restarted now, read from the node (None: it runs what the converge
+    renders): down; started from another unit or env (a converge change, or a hand edit that was applied); or
+    from another verified snapshot (files repaired since it started: it may have loaded the bad one)."""
+    if not running:
+        return "not running"
+    if start["unit"] != fingerprint:
+        return "started from another unit or environment"
+    if not start["verified"]:
+        return "its snapshot is not verified now"
+    if start["snapshot"] != start["verified"]:
+        return "the model snapshot changed since it started (repaired files)"
+    return None
+
+
+@operation()
+def cluster_changes_whole(unit_path: str, unit_text: str, cluster: str, members: list[str]):
+    """A multi-node cluster changes as one: its members' units change only when every member is in this run and
+    none failed before the restart (pull, argument check, sync, apt), else every member fails naming the cause,
+    with no unit changed (a head cannot take a worker that runs another launch, nor a worker a head's).
+
+    + unit_path: the installed unit
+    + unit_text: the unit about to be installed
+    + cluster: the cluster's name
+    + members: the host names of every member
+    """
+    if len(members) < 2:
+        host.noop("a single-node cluster")
+        return
+    if read(host, Sha256File, path=unit_path) == hashlib.sha256(unit_text.encode()).hexdigest():
+        host.noop("unit unchanged")
+        return
+    yield FunctionCommand(cluster_all_here, (cluster, members), {})
+
+
+@operation()
+def service_current(service: str, started_from: str, fingerprint: str, record: str, act: bool = True):
+    """Start ``service`` if it is down; restart it if it started from anything but the rendered unit and
+    fabric env or from another verified snapshot (``restart_reason``); else leave it alone.
+    The model gate runs first so a bad snapshot is reported here, not only in the journal.
+
+    + service: the generated service name
+    + started_from: the file the unit writes at each start (hash of what it started from)
+    + fingerprint: hash of the rendered unit and fabric env
+    + record: the head's gate record, removed before a (re)start: the new start has passed no gate yet
+    + act: False for hosts whose turn is another operation (workers start before heads)
+    """
+    if not act:
+        host.noop("started in the other rank-ordered step")
+        return
+    running = read(host, SystemdStatus, services=[service]).get(service)  # one unit, not all of them
+    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
+    reason = restart_reason(running, start, fingerprint)
+    if reason is None:
+        host.noop(f"{service} running, started from the rendered unit and the verified snapshot")
+        return
+    if running and start["unit"] == fingerprint and start["verified"]:
+        logger.info(f"{host.name}: {reason.replace('it started', f'{service} started')}: restarting it")
+    yield StringCommand(GATE)
+    yield StringCommand("rm", "-f", record)
+    yield StringCommand("sh", "-c", QuoteString(switch_marker_command(node_config())))
+    yield StringCommand("systemctl", "restart" if running else "start", service)
+
+
+@operation()
+def endpoint_closed_for_the_switch(service: str, started_from: str, fingerprint: str, flag: str):
+    """A head whose service is about to restart (``restart_reason``) closes its endpoint to new API requests first
+    (the flag nginx answers a JSON 503 for) and lets the requests in flight finish, at most ``endpoint_drain_s``:
+    clients never get an answer from a release that has not passed the gate, nor a cut stream while it can be
+    helped. Opened again once a release passed (``_wait_and_gate``, or ``service_serving`` on a later converge).
+
+    + service: the generated service name
+    + started_from: the file the unit writes at each start
+    + fingerprint: hash of the rendered unit and fabric env
+    + flag: the endpoint's closed-door flag (``closed_flag_path``)
+    """
+    running = read(host, SystemdStatus, services=[service]).get(service)
+    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
+    if restart_reason(running, start, fingerprint) is None:
+        host.noop(f"{service} is not restarted: its endpoint stays as it is")
+        return
+    yield StringCommand("install", "-d", "-m", "0755", posixpath.dirname(flag))  # nginx's workers must see the flag
+    yield StringCommand("touch", flag)
+    if running:  # the requests in flight are the running release's: asked where it listens (its gate record says)
+        cfg = node_config()
+        passed = read(host, GatePassed, record=gate_record_path(cfg), service=service)["release"] or {}
+        yield FunctionCommand(drain, (as_released(cfg, "", passed)[0],), {})

@@ -1,0 +1,258 @@
+"""The switch: after a start or restart, wait until the service serves (workers: running; heads: /health and the
+serving gate); a head that passes keeps the release (with its workers') as the last good one, one that fails is
+handled by `failed_release_policy` (rollback: the last good release back on every member, workers first)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, StringCommand
+from pyinfra.facts.systemd import SystemdStatus
+
+from deploys.endpoint import closed_flag_path
+from deploys.inventory import node_config
+from deploys.model.snapshot import STAMP
+from deploys.ops import host_failed, uses_sudo
+from deploys.run.reads import operation, read, run_on
+from deploys.run.state import kept
+from deploys.schema import NodeConfig
+from deploys.service.door import switch_marker_path
+from deploys.service.release import (
+    as_released,
+    failure_record,
+    forget_command,
+    gate_last_path,
+    good_release_dir,
+    json_file_command,
+    record_command,
+    release_named,
+    restore_good_command,
+    save_good_command,
+)
+from deploys.service.restart import restart_reason
+from deploys.serving_gate import (
+    failed_checks,
+    gate_checks,
+    gate_command,
+    journal_told,
+    parse_readiness,
+    readiness_command,
+    wait_serving,
+)
+from facts.containers import GatePassed, ServiceStartedFrom
+from facts.host import ExistingPaths
+
+
+def _serves(host, cfg: NodeConfig, head: bool, model: str, run, progress, sudo: dict,
+            abort=None) -> tuple[bool, str, dict]:
+    """Wait for the service of ``cfg`` (a head: /health; a worker: running), showing its stage as it goes; on a
+    head, then the serving gate. ``abort()``: a reason to stop waiting (a worker failed). (ok, what happened, the
+    unit's last read)."""
+    ready, why, now = wait_serving(run, cfg, head, cfg.service_ready_timeout_sec, progress, abort=abort)
+    if not ready or not head:
+        return ready, why, now
+    progress(why)
+    t0 = time.monotonic()
+    ok, out = run_on(host, StringCommand(gate_command(cfg, model)), **sudo)
+    checks = gate_checks(out.stdout)
+    failed = failed_checks(checks)
+    if not ok or failed:
+        journal = parse_readiness(run(readiness_command(cfg, head)))["journal"]
+        told = "; ".join(failed) if checks else f"{failed[0]} ({out.stderr.strip()[-500:]})"
+        return False, (f"{cfg.container_name}.service answers /health but failed the serving gate: {told}"
+                       f"{journal_told(journal)}"), now
+    return True, f"passed the serving gate ({len(checks)} checks, {time.monotonic() - t0:.1f} s)", {**now, "checks": checks}
+
+
+class _Member:
+    """One member's shell as a head's converge reaches it (its own connection and privilege): the head saves and
+    rolls back its workers' releases with its own."""
+
+    def __init__(self, host):
+        self.host, self.cfg = host, node_config(host)
+        self.sudo = {"_sudo": True} if uses_sudo(host) else {}
+
+    def run(self, command: str) -> str:
+        return run_on(self.host, StringCommand(command), **self.sudo)[1].stdout
+
+    def ok(self, command: str) -> bool:
+        return run_on(self.host, StringCommand(command), **self.sudo)[0]
+
+    def good(self) -> dict | None:
+        """The last good release kept on this member (None: none, or unreadable)."""
+        text = self.run(f"cat {good_release_dir(self.cfg)}/release.json 2>/dev/null; true").strip()
+        try:
+            good = json.loads(text) if text else None
+        except ValueError:
+            return None
+        return good if isinstance(good, dict) else None
+
+
+def _rollback(me: _Member, workers: list[_Member], release: dict, progress) -> tuple[dict | None, str]:
+    """Put the last good release back on every member, workers first (their rank starts before the head's).
+    (the good release, None when nothing was rolled back; what happened)."""
+    good = me.good()
+    if not good:
+        return None, "no release has passed the serving gate on this node yet: nothing to roll back to"
+    if good.get("release") == release["release"]:
+        return None, "this is the last good release itself: nothing older to roll back to"
+    kept = {w.host.name: w.good() for w in workers}
+    if missing := [name for name, g in kept.items() if (g or {}).get("release") != good.get("release")]:
+        return None, (f"{', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not keep the last good "
+                      f"{release_named(good)}: nothing rolled back")
+    progress(f"{release_named(release)} failed: rolling back to the last good {release_named(good)}"
+             + (f", workers first ({', '.join(kept)})" if workers else ""))
+    for member in [*workers, me]:
+        if not member.ok(restore_good_command(member.cfg, kept.get(member.host.name) or good)):
+            return None, f"the rollback to {release_named(good)} could not put its files back on {member.host.name}"
+    return good, "rolled back"
+
+
+def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: str, workers: tuple[str, ...]) -> bool:
+    """``_switch_ends``, then the node's switch marker goes (a head's: its workers' too), whatever the outcome."""
+    try:
+        return _switch_ends(state, host, head, model, release, record, workers)
+    finally:
+        for h in [host, *(state.inventory.get_host(name) for name in workers)]:
+            if h is host or (h in state.active_hosts or h in state.failed_hosts):
+                member = _Member(h)
+                member.ok(f"rm -f {switch_marker_path(member.cfg)}")
+
+
+def _switch_ends(state, host, head: bool, model: str, release: dict, record: str, workers: tuple[str, ...]) -> bool:
+    """Execute time, on one node: wait until its service serves (``_serves``). A head that passes records the
+    release it passed with and keeps its files, and its workers', as the last good release. One that fails is
+    handled by ``failed_release_policy`` (rollback: the last good release put back on every member, workers
+    first, restarted and gated again), and the host fails saying what failed and what the cluster serves now."""
+    me = _Member(host)
+    cfg, service = me.cfg, f"{me.cfg.container_name}.service"
+    in_run = [state.inventory.get_host(name) for name in workers]
+    # a worker outside this run (--limit: a head restarted alone) is not reached: it keeps what it kept; one that
+    # failed in this run (its own start, say) is reached: the cluster rolls back as one, it too
+    members = [_Member(h) for h in in_run if h in state.active_hosts and h not in state.failed_hosts]
+    away = [h.name for h in in_run if h not in state.active_hosts and h not in state.failed_hosts]
+    failed_switch = kept(state, "switch_failed", dict)  # workers whose own wait failed in this run
+
+    def worker_failed() -> str | None:
+        """Why the job cannot form: a worker of this head failed its switch in this run (its wait runs beside ours)."""
+        names = [h.name for h in in_run if h.name in failed_switch or h in state.failed_hosts]
+        return f"worker {', '.join(names)} failed its switch in this run (its error is above)" if names else None
+
+    def progress(line: str) -> None:
+        host.log_styled(line, log_func=logger.info)
+
+    def passed_record(serving: dict, now: dict) -> dict:
+        return {**serving, "invocation": now.get("InvocationID"),
+                "passed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "checks": [c["check"] for c in now.get("checks", [])]}
+
+    def write_json(path: str, data: dict) -> bool:
+        """``data`` as the JSON file ``path`` on this head, replaced whole."""
+        return me.ok(json_file_command(path, data))
+
+    def write_record(passed: dict) -> bool:
+        return write_json(record, passed)
+
+    def write_verdict(passed: bool, of: dict) -> None:
+        """The last gate's verdict, for the node's metrics (a failure to write it fails nothing: the converge itself
+        reports the gate's verdict)."""
+        write_json(gate_last_path(cfg), {"ok": passed, "at": int(time.time()), "release": of.get("release"),
+                                         "image": of.get("image"), "model_revision": of.get("model_revision")})
+
+    ok, why, now = _serves(host, cfg, head, model, me.run, progress, me.sudo, worker_failed if head else None)
+    if ok and not head:
+        progress(why)
+        return True
+    if head and (ok or "serving gate" in why):
+        write_verdict(ok, release)
+    if ok:
+        passed = passed_record(release, now)
+        if not (all(m.ok(f"{save_good_command(m.cfg, passed)} && {forget_command(m.cfg)}") for m in [*members, me])
+                and write_record(passed) and me.ok(f"rm -f {closed_flag_path(cfg)}")):
+            return host_failed(host, f"{host.name}: the serving gate passed, but the release could not be kept "
+                                     f"({record}, {good_release_dir(cfg)})")
+        progress(f"{why}: {release_named(release)}, kept as the last good release"
+                 + (f" (with its workers {', '.join(m.host.name for m in members)})" if members else ""))
+        return True
+    failure = f"{host.name}: {why}"
+    policy = cfg.failed_release_policy
+    if not head:
+        kept(state, "switch_failed", dict)[host.name] = why  # its head stops waiting for it and rolls back the cluster
+        return host_failed(host, failure)
+    # remembered on every member: the next converge does not switch the cluster to it again (deploys/service/failed_release.py)
+    remembered = failure_record(release, why)
+    for member in [me, *members]:
+        member.ok(record_command(member.cfg, remembered))
+    if policy == "keep":
+        return host_failed(host, f"{failure}\n{host.name}: {service} left as it is (failed_release_policy=keep)")
+    if policy == "stop":
+        stopped = all(m.ok(f"systemctl stop {m.cfg.container_name}.service") for m in [me, *members])
+        return host_failed(host, f"{failure}\n{host.name}: {service}" + (" and its workers' services" if members else "")
+                           + (" stopped (failed_release_policy=stop)" if stopped else " could not be stopped"))
+    if away:
+        return host_failed(host, f"{failure}\n{host.name}: its workers {', '.join(away)} are not in this run: nothing "
+                                 f"rolled back ({service} left as it is)")
+    # a worker that failed its own switch is reached too: the cluster rolls back as one
+    members += [_Member(h) for h in in_run if h.name in failed_switch or h in state.failed_hosts
+                if h.name not in {m.host.name for m in members}]
+    good, what = _rollback(me, members, release, progress)
+    if good is None:
+        return host_failed(host, f"{failure}\n{host.name}: {what} ({service} left as it is)")
+    for member in members:
+        back, why_back, _ = _serves(member.host, member.cfg, False, model, member.run, progress, member.sudo)
+        if not back:
+            return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, but worker "
+                                     f"{member.host.name} does not run it: {why_back}")
+    cfg_back, model_back = as_released(cfg, model, good)  # gated where the restored release listens, by its name
+    back, why_back, now_back = _serves(host, cfg_back, head, model_back, me.run, progress, me.sudo)
+    if back or "serving gate" in why_back:
+        write_verdict(back, good)
+    if not back:
+        return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, which failed too: "
+                                 f"{why_back}")
+    write_record(passed_record({k: v for k, v in good.items() if k in release}, now_back))
+    me.ok(f"rm -f {closed_flag_path(cfg)}")  # the restored release passed: the endpoint opens
+    on = f" on {host.name} and {', '.join(workers)}" if workers else ""
+    return host_failed(host, f"{failure}\n{host.name}: rolled back: {service} serves the last good "
+                             f"{release_named(good)} again{on} (it passed the serving gate)")
+
+
+@operation()
+def service_serving(service: str, started_from: str, fingerprint: str, release: dict, record: str, head: bool,
+                    workers: tuple[str, ...], model: str):
+    """Done means serving: after a start or restart, wait for the service (workers: running; heads: /health,
+    bounded by ``service_ready_timeout_sec``, with its stage shown) and pass the serving gate on each head.
+    Decided from state: a service that runs what the converge renders, and (a head) whose gate record names this
+    release, is left alone, so a no-op converge runs no gate (a restart by systemd, a reboot or an admin is no
+    converge change: the audit's `-m serving` checks such a start).
+
+    + service: the generated service name
+    + started_from: the file the unit writes at each start
+    + fingerprint: hash of the rendered unit and env files
+    + release: what the inventory asks the service to run (``release_of``)
+    + record: the head's gate record (``gate_record_path``)
+    + head: rank 0 (or a single node): serves the API and is gated
+    + workers: a head's workers (rank > 0), in rank order: kept and rolled back with it
+    + model: the name clients ask for
+    """
+    running = read(host, SystemdStatus, services=[service]).get(service)
+    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
+    current = restart_reason(running, start, fingerprint) is None
+    if not head and current:
+        host.noop(f"{service} runs the rendered launch (its head's gate checks the job)")
+        return
+    if head:
+        passed = read(host, GatePassed, record=record, service=service)
+        last = passed["release"] or {}
+        if current and last.get("release") == release["release"]:
+            cfg = node_config()
+            flag = closed_flag_path(cfg)
+            if cfg.endpoint_enabled and read(host, ExistingPaths, paths=(flag,)):  # killed after the gate: open now
+                yield StringCommand("rm", "-f", flag)
+                return
+            host.noop(f"{service} passed the serving gate for release {release['release']} at {last.get('passed_at')}")
+            return
+    yield FunctionCommand(_wait_and_gate, (head, model, release, record, workers), {})
