@@ -22,11 +22,10 @@ removing or rotating a client is an inventory change; a converge applies it with
 from __future__ import annotations
 
 import ipaddress
-import re
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, deploy
+from pyinfra.api import StringCommand, deploy
 from pyinfra.facts.files import Link
 
 from deploys.inventory import node_config
@@ -34,7 +33,8 @@ from deploys.ops import (atomic_put, distro_unit_masked, follow_up_done, follow_
                          packages_installed, secret_file, unit_running)
 from deploys.run.reads import expect, operation, read, service_reads, unit_state
 from deploys.schema import NodeConfig
-from deploys.schema.endpoint import CLIENT_KEY_MIN_LENGTH, ENDPOINT_ROUTES
+from deploys.schema.control_readers import read_clients
+from deploys.schema.endpoint import ENDPOINT_ROUTES
 from deploys.unit_text import confined, unit_word
 from files import helper_path
 from facts.host import ManagedFiles
@@ -55,47 +55,6 @@ DISTRO_MASK = f"/etc/systemd/system/{DISTRO_UNIT}"
 RELOAD_STAMP = "endpoint-reload"
 RESTART_STAMP = "endpoint-unit"
 FILES = (CONF, CLIENTS_MAP, MONITOR_MAP, CERT, KEY, LOGROTATE, RELOAD)
-
-CLIENT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
-CLIENT_KEY = re.compile(r"[A-Za-z0-9._~+/=-]{%d,512}" % CLIENT_KEY_MIN_LENGTH)
-
-
-class EndpointFileError(ValueError):
-    """A control-node endpoint file that cannot be used (the message names the line, never a key)."""
-
-
-def read_clients(path: str) -> dict[str, str]:
-    """``{client name: key}`` from a clients file: one ``name key`` per line, ``#`` comments, blank lines. A
-    malformed line, a name or key used twice, or a short key is refused; the message never holds a key."""
-    clients: dict[str, str] = {}
-    owners: dict[str, str] = {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            words = line.split("#", 1)[0].split() if not line.lstrip().startswith("#") else []
-            if not words:
-                continue
-            if len(words) != 2:
-                raise EndpointFileError(f"line {number}: `name key` (two words), not {len(words)} word(s)")
-            name, key = words
-            # A name is shown only when it cannot be a key: with the columns swapped the first word is the key.
-            where = f"line {number}" if CLIENT_KEY.fullmatch(name) else f"line {number} ({name})"
-            if not CLIENT_NAME.fullmatch(name):
-                raise EndpointFileError(f"line {number}: `name key`, the name first: [a-z0-9][a-z0-9_.-]* (64 "
-                                        "characters at most; the first word is not one: are the columns swapped?)")
-            if not CLIENT_KEY.fullmatch(key):
-                raise EndpointFileError(f"{where}: a key of at least {CLIENT_KEY_MIN_LENGTH} characters "
-                                        "[A-Za-z0-9._~+/=-] as the second word (are the columns swapped? `python -m "
-                                        "deploys.endpoint_ca --client NAME` makes one)")
-            if name in clients:
-                raise EndpointFileError(f"{where}: a client named once (it is named twice)")
-            if key in owners:
-                other = owners[key] if not CLIENT_KEY.fullmatch(owners[key]) else "of another line"
-                raise EndpointFileError(f"{where}: the same key as client {other}")
-            clients[name], owners[key] = key, name
-    if not clients:
-        raise EndpointFileError("no client: one `name key` line at least")
-    return clients
-
 
 def url_host(address: str) -> str:
     """An IP address as the host part of a URL or a listen address (IPv6 in brackets)."""

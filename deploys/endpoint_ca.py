@@ -28,6 +28,8 @@ import os
 import secrets
 import sys
 
+from deploys.schema.control_readers import CLIENT_NAME
+
 CA_DAYS, CERT_DAYS = 3650, 730
 
 
@@ -133,8 +135,6 @@ def endpoint_certificate(directory: str, address: str, dns: list[str]) -> tuple[
 def add_clients(path: str, names: list[str]) -> list[str]:
     """Add each of ``names`` with a new random key to the clients file at ``path`` (made 0600 when missing) where it
     has no such client; returns the names added. Keys are never printed."""
-    from deploys.endpoint import CLIENT_NAME
-
     existing = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
     have = {line.split()[0] for line in existing.splitlines() if line.split() and not line.startswith("#")}
     added = []

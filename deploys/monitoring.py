@@ -23,10 +23,8 @@ exports and scrapes is written beside them (``render_dashboard``; Grafana itself
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import posixpath
-import re
 from io import StringIO
 
 import yaml
@@ -44,6 +42,7 @@ from deploys.ops import (atomic_put, directory_present, distro_unit_masked, foll
                          follow_up_stamp, packages_installed, secret_file, unit_running)
 from deploys.run.reads import expect, operation, read, service_reads, unit_state
 from deploys.schema import NodeConfig
+from deploys.schema.control_readers import read_webhook_url
 from deploys.schema.monitoring import MONITORING_GROUP, file_word
 from deploys.unit_text import command_line, confined, unit_word
 from facts.host import FilesMatching, ManagedFiles
@@ -73,55 +72,6 @@ DISTRO_UNITS = {"prometheus-node-exporter": "prometheus-node-exporter.service",
                 "prometheus": "prometheus.service", "prometheus-alertmanager": "prometheus-alertmanager.service"}
 
 DEEP_VERIFY_PERIOD_S = {"daily": 86400, "weekly": 7 * 86400, "monthly": 31 * 86400}
-
-
-class WebhookFileError(ValueError):
-    """The Alertmanager webhook file does not hold one http(s) URL (the message never shows the URL)."""
-
-
-# The webhook URL as Python's urlsplit and Go's net/url (Alertmanager's) both read it alike: RFC 3986's grammar,
-# narrowed. A host name of letters, digits, `-` and `.`, an IPv4 address or a bracketed IPv6 one (no zone); a port
-# of digits; path and query of unreserved and sub-delimiter characters, `:`, `@`, `/`, `?` and whole %-escapes;
-# userinfo likewise. No fragment (never sent) and nothing Go refuses that Python takes (a `%` in the host, a space,
-# a backslash, a port that is not a number).
-_PCHARS = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})"
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_WEBHOOK_URL = re.compile(
-    r"(?P<scheme>https?)://"
-    r"(?:(?:[A-Za-z0-9._~!$&'()*+,;=:-]|%[0-9A-Fa-f]{2})+@)?"
-    rf"(?P<host>\[[0-9A-Fa-f:.]+\]|{_LABEL}(?:\.{_LABEL})*\.?)"
-    r"(?::(?P<port>[0-9]{1,5}))?"
-    rf"(?P<rest>[/?]{_PCHARS}*)?"
-)
-
-
-def read_webhook_url(path: str) -> str:
-    """The one URL of the control-node webhook file (``#`` comments and blank lines ignored). The message never
-    shows the URL (a token may be any part of it)."""
-    with open(path, encoding="utf-8") as f:
-        lines = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
-    if len(lines) != 1:
-        raise WebhookFileError(f"one URL (it has {len(lines)} lines)")
-    url = lines[0]
-    match = _WEBHOOK_URL.fullmatch(url)
-    if match is None:
-        raise WebhookFileError("an http:// or https:// URL that Alertmanager reads as Python does: a host name, IPv4 "
-                               "or [IPv6] address, an optional port, then a path and query of RFC 3986's characters "
-                               "and whole %-escapes (no spaces, backslashes, quotes, '#' fragment or '%' in the host)")
-    host, port = match["host"], match["port"]
-    if host.startswith("["):
-        try:
-            ipaddress.IPv6Address(host[1:-1])
-        except ValueError:
-            raise WebhookFileError("a URL whose [bracketed] host is an IPv6 address without a zone") from None
-    elif re.fullmatch(r"[0-9.]+", host.rstrip(".")):
-        try:
-            ipaddress.IPv4Address(host)
-        except ValueError:
-            raise WebhookFileError("a URL whose numeric host is an IPv4 address") from None
-    if port is not None and not 1 <= int(port) <= 65535:
-        raise WebhookFileError("a URL whose port is from 1 to 65535")
-    return url
 
 
 # --- on every monitored node ------------------------------------------------------------------------------------

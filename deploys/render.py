@@ -20,6 +20,7 @@ from deploys.model import integrity as model_integrity, snapshot as model_snapsh
 from deploys.inventory import LimitError, limited_hosts, load_inventory
 from deploys.service import unit as service_unit
 from deploys.schema import InventoryValidationError, NodeConfig, cluster_of, validate_inventory
+from deploys.schema.control_readers import read_clients
 
 
 def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: list[NodeConfig],
@@ -55,7 +56,7 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: li
         out[endpoint.LOGROTATE] = endpoint.render_logrotate()
         for path, key in ((endpoint.CERT, "endpoint_tls_cert"), (endpoint.KEY, "endpoint_tls_key")):
             out[path] = f"# not rendered: the deploy copies {key} here (0600)\n"
-        names = list(endpoint.read_clients(cfg.endpoint_clients_file))
+        names = list(read_clients(cfg.endpoint_clients_file))
         for path, which in ((endpoint.CLIENTS_MAP, [n for n in names if n != cfg.endpoint_metrics_client]),
                             (endpoint.MONITOR_MAP, [n for n in names if n == cfg.endpoint_metrics_client])):
             out[path] = (f"# not rendered: the keys of endpoint_clients_file (0600) for: {', '.join(which) or 'nobody'}\n")

@@ -13,8 +13,10 @@ import os
 import re
 import stat
 
+from deploys.schema.control_readers import EndpointFileError, WebhookFileError, read_clients, read_webhook_url
 from deploys.schema.node import NodeConfig
 from deploys.schema.problems import Problem
+from files.model_snapshot.snapshot_manifest import ManifestError, read_manifest
 
 
 def control_file_problems(host: str, cfg: NodeConfig) -> list[Problem]:
@@ -37,8 +39,6 @@ def control_file_problems(host: str, cfg: NodeConfig) -> list[Problem]:
 def _webhook_problems(host: str, key: str, path: str) -> list[Problem]:
     """An Alertmanager webhook file (the alerts', the Watchdog's): private, one http(s) URL (never shown: it may carry
     a token)."""
-    from deploys.monitoring import WebhookFileError, read_webhook_url
-
     problems = _private_file_problems(host, key, path)
     if not problems:
         try:
@@ -52,8 +52,6 @@ def _endpoint_problems(host: str, cfg: NodeConfig) -> list[Problem]:
     """The endpoint's certificate, key, CA and client keys: private files (the CA: a public one), each holding
     what it must (:func:`_tls_problems`), client names and keys each unique and well formed, the monitoring
     client among them."""
-    from deploys.endpoint import EndpointFileError, read_clients
-
     problems = []
     for key in ("endpoint_tls_cert", "endpoint_tls_key", "endpoint_clients_file"):
         problems += _private_file_problems(host, key, getattr(cfg, key))
@@ -221,8 +219,6 @@ def _signed_by(cert, issuer) -> bool:
 def _manifest_problems(host: str, cfg: NodeConfig) -> list[Problem]:
     """The manifest reads as one (shape and every entry: relative, normalised, inside the snapshot, no
     duplicates) and is the manifest of the pinned repo and commit."""
-    from deploys.model.manifest import ManifestError, read_manifest
-
     try:
         manifest = read_manifest(cfg.model_manifest)
     except ManifestError as e:

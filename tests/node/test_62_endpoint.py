@@ -15,7 +15,8 @@ import time
 import pytest
 import requests
 
-from deploys.endpoint import UNIT, endpoint_url, read_clients
+from deploys.endpoint import UNIT, endpoint_url
+from deploys.schema.control_readers import read_clients
 from deploys.inventory import inventory_configs, load_inventory
 from tests.node.conftest import INVENTORY, on_node, pyinfra, restored_afterwards, wait_serving
 

@@ -19,7 +19,8 @@ class EndpointClient:
 
         import requests
 
-        from deploys.endpoint import endpoint_url, read_clients
+        from deploys.endpoint import endpoint_url
+        from deploys.schema.control_readers import read_clients
         from deploys.inventory import inventory_configs, load_inventory
 
         cfg = inventory_configs(load_inventory(inventory))[node]

@@ -46,7 +46,8 @@ def endpoint_lines(inventory_file: str = "inventories/sandbox.py") -> list[str]:
     key from a 0600 header file beside the clients file (never on a command line)."""
     import os
 
-    from deploys.endpoint import endpoint_url, read_clients
+    from deploys.endpoint import endpoint_url
+    from deploys.schema.control_readers import read_clients
 
     lines = []
     for cfg in inventory_configs(load_inventory(inventory_file)).values():

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from deploys.endpoint import CLIENTS_MAP, CONF, MONITOR_MAP, UNIT_PATH, EndpointFileError, read_clients, render_conf
+from deploys.endpoint import CLIENTS_MAP, CONF, MONITOR_MAP, UNIT_PATH, render_conf
+from deploys.schema.control_readers import EndpointFileError, read_clients
 from deploys.endpoint_ca import add_clients, endpoint_certificate, lab_ca
 from deploys.preflight import own_address_problems
 from deploys.schema import InventoryValidationError, NodeConfig, validate_hosts

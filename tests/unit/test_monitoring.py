@@ -16,6 +16,7 @@ import yaml
 from deploys import monitoring
 from deploys.inventory import load_inventory
 from deploys.schema import InventoryValidationError, NodeConfig, validate_inventory
+from deploys.schema.control_readers import read_webhook_url
 from tests.unit.test_node_facts import nf
 from tests.unit.test_schema import node_a
 
@@ -329,7 +330,7 @@ def test_the_webhook_url_is_a_private_file_and_never_shown(tmp_path):
         assert "alertmanager_webhook_url_file" in str(err.value) and bad not in str(err.value)
     url.write_text(secret + "\n")
     cfg = validate_hosts(node_a(alertmanager_webhook_url_file=str(url)))["node-a"]
-    conf = yaml.safe_load(monitoring.render_alertmanager(cfg, monitoring.read_webhook_url(str(url))))
+    conf = yaml.safe_load(monitoring.render_alertmanager(cfg, read_webhook_url(str(url))))
     assert conf["receivers"][1]["webhook_configs"] == [{"url": secret, "send_resolved": True}]
     assert conf["route"]["receiver"] == "webhook"
     assert yaml.safe_load(monitoring.render_alertmanager(cfg, None))["route"]["receiver"] == "none"
