@@ -11,7 +11,8 @@ from deploys.endpoint import endpoint
 from deploys.host_tuning import host_tuning
 from deploys.model.integrity import model_integrity
 from deploys.model.snapshot import model_snapshot
-from deploys.monitoring import monitoring_host, node_metrics
+from deploys.monitoring.host import monitoring_host
+from deploys.monitoring.node import node_metrics
 from deploys.nvidia_driver import nvidia_driver
 from deploys.preflight import preflight
 from deploys.run.ssh_nodelay import install as ssh_without_delay

@@ -15,7 +15,8 @@ import argparse
 import os
 import sys
 
-from deploys import apt_state, container_runtime, endpoint, host_tuning, monitoring, nvidia_driver
+from deploys import apt_state, container_runtime, endpoint, host_tuning, nvidia_driver
+from deploys.monitoring import host as mon_host, node as mon_node
 from deploys.model import integrity as model_integrity, snapshot as model_snapshot
 from deploys.inventory import LimitError, limited_hosts, load_inventory
 from deploys.service import unit as service_unit
@@ -76,7 +77,7 @@ def render_inventory(inventory_file: str, out_dir: str, limit: list[str] | tuple
             continue
         cluster = cluster_of(configs, name)
         files = host_files(cfg, cluster.head, cluster.size, cluster.members, distro)
-        files.update(monitoring.rendered_files(name, configs, monitoring.monitoring_host_name(inventory)))
+        files.update(mon_host.rendered_files(name, configs, mon_node.monitoring_host_name(inventory)))
         for path, text in files.items():
             dest = inside_out_dir(out_dir, name, path)
             os.makedirs(os.path.dirname(dest), exist_ok=True)

@@ -100,7 +100,7 @@ gb10_dspark = [
           **_manifest(_B), **_monitoring("127.0.1.11", 9203)),
 ]
 
-# The one host that runs Prometheus and Alertmanager for the inventory (deploys/monitoring.py).
+# The one host that runs Prometheus and Alertmanager for the inventory (deploys/monitoring/host.py).
 monitoring = ["sandbox-a"]
 
 # Each cluster is also a pyinfra group under its cluster_name: `--limit gb10-dspark` selects the cluster's members.

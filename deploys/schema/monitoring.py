@@ -1,5 +1,5 @@
 """Monitoring keys: node-exporter and the toolkit's own metrics on every node that turns them on, and Prometheus
-with Alertmanager on the one host of the inventory group `monitoring` (deploys/monitoring.py). Which host that is
+with Alertmanager on the one host of the inventory group `monitoring` (deploys/monitoring/host.py). Which host that is
 and whether every monitored node can be reached from it: deploys/schema/cross_host.py (monitoring_problems)."""
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def gate_record_path(cfg: NodeConfig) -> str:
 
 def gate_last_path(cfg: NodeConfig) -> str:
     """Where a head keeps the verdict of the last serving gate it ran, passed or failed, with its time and release
-    (what the node's metrics report: deploys/monitoring.py)."""
+    (what the node's metrics report: deploys/monitoring/node.py)."""
     return f"/var/lib/inference-nodes/{cfg.container_name}.gate-last.json"
 
 

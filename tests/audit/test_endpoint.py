@@ -14,7 +14,7 @@ import sys
 import pytest
 import requests
 
-from deploys.monitoring import EXPORTER
+from deploys.monitoring.node import EXPORTER
 from deploys.endpoint import ACCESS_LOG, UNIT, endpoint_url
 from deploys.schema.control_readers import read_clients
 from deploys.service.unit import served_model_name

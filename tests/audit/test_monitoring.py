@@ -1,4 +1,4 @@
-"""Monitoring (deploys/monitoring.py), as the node shows it: node-exporter and the toolkit's metrics timer running on
+"""Monitoring (deploys/monitoring/), as the node shows it: node-exporter and the toolkit's metrics timer running on
 every node that turns monitoring on, serving fresh toolkit metrics; none of it where monitoring is off; on the host
 of the group `monitoring`, Prometheus and Alertmanager running on loopback, with every target the inventory implies
 up and every toolkit alert loaded. Read-only: HTTP is read on the node itself (python3's urllib, no curl needed)."""
@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from deploys import monitoring
+from deploys.monitoring import host as mon_host, node as mon_node, rules as mon_rules
 from deploys.inventory import load_inventory
 from deploys.schema import validate_inventory
 
@@ -32,19 +32,19 @@ def _inventory(path: str):
 
 def _watcher(pytestconfig) -> str | None:
     inventory, _ = _inventory(pytestconfig.getoption("inventory"))
-    return monitoring.monitoring_host_name(inventory)
+    return mon_node.monitoring_host_name(inventory)
 
 
 def test_node_metrics_run_where_monitoring_is_on_and_nowhere_else(node):
-    exporter = node.host.service(f"{monitoring.EXPORTER}.service")
-    timer = node.host.service(f"{monitoring.FACTS}.timer")
+    exporter = node.host.service(f"{mon_node.EXPORTER}.service")
+    timer = node.host.service(f"{mon_node.FACTS}.timer")
     if not node.cfg.monitoring_enabled:
         assert not exporter.is_running and not timer.is_running, f"{node.name}: node metrics run, monitoring is off"
-        assert not node.host.file(monitoring.FACTS_CONFIG).exists
+        assert not node.host.file(mon_node.FACTS_CONFIG).exists
         return
-    assert exporter.is_running and exporter.is_enabled, f"{node.name}: {monitoring.EXPORTER}.service is not running"
-    assert timer.is_running and timer.is_enabled, f"{node.name}: {monitoring.FACTS}.timer is not running"
-    assert node.host.service(monitoring.DISTRO_UNITS["prometheus-node-exporter"]).is_masked
+    assert exporter.is_running and exporter.is_enabled, f"{node.name}: {mon_node.EXPORTER}.service is not running"
+    assert timer.is_running and timer.is_enabled, f"{node.name}: {mon_node.FACTS}.timer is not running"
+    assert node.host.service(mon_node.DISTRO_UNITS["prometheus-node-exporter"]).is_masked
 
 
 def test_the_exporter_serves_fresh_toolkit_metrics(node):
@@ -66,17 +66,17 @@ def test_the_exporter_serves_fresh_toolkit_metrics(node):
 def test_the_monitoring_host_scrapes_every_target_and_loads_every_alert(node, pytestconfig):
     watcher = _watcher(pytestconfig)
     if node.name != watcher:
-        for unit in (monitoring.PROMETHEUS, monitoring.ALERTMANAGER):
+        for unit in (mon_host.PROMETHEUS, mon_host.ALERTMANAGER):
             assert not node.host.service(f"{unit}.service").is_running, f"{node.name}: {unit} runs on a host outside " \
                                                                         f"the group {'monitoring'}"
         return
-    for unit in (monitoring.PROMETHEUS, monitoring.ALERTMANAGER):
+    for unit in (mon_host.PROMETHEUS, mon_host.ALERTMANAGER):
         service = node.host.service(f"{unit}.service")
         assert service.is_running and service.is_enabled, f"{node.name}: {unit}.service is not running"
     _, configs = _inventory(pytestconfig.getoption("inventory"))
-    expected = yaml.safe_load(monitoring.render_prometheus(configs, node.cfg, watcher))
+    expected = yaml.safe_load(mon_host.render_prometheus(configs, node.cfg, watcher))
     want = {(t, job["job_name"]) for job in expected["scrape_configs"] for s in job["static_configs"] for t in s["targets"]}
-    base = monitoring.prometheus_url(node.cfg)
+    base = mon_host.prometheus_url(node.cfg)
     deadline, down = time.monotonic() + 3 * node.cfg.prometheus_scrape_interval_s + 30, None
     while True:  # a target the converge just added is scraped within a few intervals
         targets = json.loads(_get(node, base + "/api/v1/targets"))["data"]["activeTargets"]
@@ -88,7 +88,7 @@ def test_the_monitoring_host_scrapes_every_target_and_loads_every_alert(node, py
         time.sleep(2)
     assert not down, f"{node.name}: Prometheus targets not up: {'; '.join(sorted(down))}"
     rules = json.loads(_get(node, base + "/api/v1/rules"))["data"]["groups"]
-    assert {r["name"] for g in rules for r in g["rules"]} == set(monitoring.ALERT_KEYS)
+    assert {r["name"] for g in rules for r in g["rules"]} == set(mon_rules.ALERT_KEYS)
     listen = node.host.check_output("ss -Hltnp")
     mine = [line.split()[3] for line in listen.splitlines() if '(("prometheus",' in line or '(("prometheus-aler",' in line]
     assert sorted(mine) == sorted([f"127.0.0.1:{node.cfg.prometheus_port}", f"127.0.0.1:{node.cfg.alertmanager_port}"]), \

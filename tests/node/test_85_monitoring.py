@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from deploys import monitoring
+from deploys.monitoring import dashboard as mon_dashboard, host as mon_host, rules as mon_rules
 from deploys.inventory import inventory_configs, load_inventory
 from tests.node.conftest import INVENTORY, on_node, wait_serving
 
@@ -26,7 +26,7 @@ def _configs():
 
 
 def prometheus() -> str:
-    return monitoring.prometheus_url(_configs()[WATCHER])  # on loopback: the nodes share this machine's network
+    return mon_host.prometheus_url(_configs()[WATCHER])  # on loopback: the nodes share this machine's network
 
 
 def query(expr: str) -> list[dict]:
@@ -76,7 +76,7 @@ def test_prometheus_scrapes_every_node_and_head_and_reads_the_toolkits_metrics(s
     assert query("inference_nodes_gpu_utilization_ratio") == []
     # every vLLM name the rules and the dashboard read, from the real vLLM of each head (a renamed metric would
     # make an alert that never fires)
-    for name in monitoring.VLLM_METRICS:
+    for name in mon_dashboard.VLLM_METRICS:
         eventually(f"{name} from both heads", lambda n=name: {s["metric"].get("host") for s in query(f'{{__name__="{n}"}}')}
                    >= {"sandbox-a", "sandbox-b0"})
     a = query('vllm:num_requests_running{host="sandbox-a"}')[0]["metric"]
@@ -86,11 +86,11 @@ def test_prometheus_scrapes_every_node_and_head_and_reads_the_toolkits_metrics(s
     eventually("Prometheus and Alertmanager scraped", lambda: {s["metric"]["job"]: float(s["value"][1]) for s in
                                                               query('up{job=~"prometheus|alertmanager"}')}
                == {"prometheus": 1.0, "alertmanager": 1.0})
-    for name in monitoring.SELF_METRICS:
+    for name in mon_rules.SELF_METRICS:
         eventually(f"{name} from the monitoring host", lambda n=name: query(n))
     eventually("the Watchdog firing", lambda: query('ALERTS{alertname="Watchdog",alertstate="firing"}'))
     rules = requests.get(prometheus() + "/api/v1/rules", timeout=10).json()["data"]["groups"]
-    assert {r["name"] for g in rules for r in g["rules"]} == set(monitoring.ALERT_KEYS)
+    assert {r["name"] for g in rules for r in g["rules"]} == set(mon_rules.ALERT_KEYS)
     state = "NodeExporterDown|InferenceServiceDown|ServingGateFailed|DeepVerifyBad|DriverModuleMismatch"
     firing = query(f'ALERTS{{alertstate="firing",alertname=~"{state}"}}')
     assert firing == [], "a converged, serving sandbox fires none of the alerts its state decides"

@@ -69,7 +69,8 @@ def monitoring_lines(inventory_file: str = "inventories/sandbox.py") -> list[str
     import json
     import urllib.request
 
-    from deploys.monitoring import monitoring_host_name, prometheus_url
+    from deploys.monitoring.host import prometheus_url
+    from deploys.monitoring.node import monitoring_host_name
 
     inventory = load_inventory(inventory_file)
     watcher = monitoring_host_name(inventory)

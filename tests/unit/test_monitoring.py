@@ -1,4 +1,4 @@
-"""Monitoring (deploys/monitoring.py): the alert rules behave as documented under `promtool test rules` (each alert
+"""Monitoring (deploys/monitoring/): the alert rules behave as documented under `promtool test rules` (each alert
 fires on its condition after its `for:` window and stays quiet on a healthy node), the generated Prometheus
 configuration passes `promtool check config`, the dashboard and rules ask only for metrics that exist, and
 validation names what cannot be scraped before any connection."""
@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import yaml
 
-from deploys import monitoring
+from deploys.monitoring import dashboard as mon_dashboard, host as mon_host, node as mon_node, rules as mon_rules
 from deploys.inventory import load_inventory
 from deploys.schema import InventoryValidationError, NodeConfig, validate_inventory
 from deploys.schema.control_readers import read_webhook_url
@@ -41,7 +41,7 @@ def _me(**keys) -> NodeConfig:
 
 
 def _summary(name: str, me: NodeConfig, labels: dict, value: str = "") -> str:
-    rule = next(r for r in monitoring.alert_rules(me) if r["alert"] == name)
+    rule = next(r for r in mon_rules.alert_rules(me) if r["alert"] == name)
     text = rule["annotations"]["summary"]
     return (text.replace("{{ $labels.host }}", labels.get("host", "")).replace("{{ $labels.job }}", labels.get("job", ""))
             .replace("{{ $value }}", value))
@@ -120,7 +120,7 @@ BROKEN = {
 
 
 def _run_promtool_test(promtool, tmp_path, me: NodeConfig, series: list[tuple[str, str]], checks: list[dict]):
-    (tmp_path / "alerts.yml").write_text(monitoring.render_rules(me))
+    (tmp_path / "alerts.yml").write_text(mon_rules.render_rules(me))
     test = {"rule_files": ["alerts.yml"], "evaluation_interval": "1m",
             "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
                        "alert_rule_test": checks}]}
@@ -129,11 +129,11 @@ def _run_promtool_test(promtool, tmp_path, me: NodeConfig, series: list[tuple[st
 
 
 def test_every_alert_is_tested():
-    assert {r["alert"] for r in monitoring.alert_rules(_me())} == {*BROKEN, "Watchdog"} == set(monitoring.ALERT_KEYS)
+    assert {r["alert"] for r in mon_rules.alert_rules(_me())} == {*BROKEN, "Watchdog"} == set(mon_rules.ALERT_KEYS)
 
 
 def test_rules_pass_promtool_check(promtool, tmp_path):
-    (tmp_path / "alerts.yml").write_text(monitoring.render_rules(_me()))
+    (tmp_path / "alerts.yml").write_text(mon_rules.render_rules(_me()))
     out = subprocess.run([promtool, "check", "rules", "alerts.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(BROKEN) + 1} rules found" in out.stdout
@@ -166,14 +166,14 @@ def test_a_gpu_that_does_not_answer_is_not_called_a_driver_mismatch(promtool, tm
 
 def test_the_watchdog_goes_to_its_own_receiver_and_nothing_else_does(tmp_path):
     me = _me()
-    conf = yaml.safe_load(monitoring.render_alertmanager(me, "https://hooks.example/a", "https://dms.example/ping"))
+    conf = yaml.safe_load(mon_host.render_alertmanager(me, "https://hooks.example/a", "https://dms.example/ping"))
     [watchdog] = conf["route"]["routes"]
     assert watchdog["matchers"] == ['alertname="Watchdog"'] and watchdog["receiver"] == "watchdog"
-    assert watchdog["repeat_interval"] == monitoring.WATCHDOG_REPEAT
+    assert watchdog["repeat_interval"] == mon_rules.WATCHDOG_REPEAT
     receivers = {r["name"]: r for r in conf["receivers"]}
     assert receivers["watchdog"]["webhook_configs"][0]["url"] == "https://dms.example/ping"
     assert receivers["webhook"]["webhook_configs"][0]["url"] == "https://hooks.example/a"
-    nowhere = yaml.safe_load(monitoring.render_alertmanager(me, "https://hooks.example/a"))
+    nowhere = yaml.safe_load(mon_host.render_alertmanager(me, "https://hooks.example/a"))
     assert nowhere["route"]["routes"][0]["receiver"] == "none", "no dead man's switch: not to the alerts' webhook"
 
 
@@ -195,7 +195,7 @@ def test_each_alert_fires_on_its_condition_after_its_window(promtool, tmp_path, 
     me = _me()
     broken, fires, not_yet, extra = BROKEN[name]
     series = [(s, broken.get(s, v)) for s, v in HEALTHY]
-    labels = {**N, **extra, "severity": next(r for r in monitoring.alert_rules(me) if r["alert"] == name)["labels"]["severity"]}
+    labels = {**N, **extra, "severity": next(r for r in mon_rules.alert_rules(me) if r["alert"] == name)["labels"]["severity"]}
     value = "3" if name == "InferenceServiceRestarting" else ""
     checks = [{"eval_time": f"{not_yet}m", "alertname": name, "exp_alerts": []},
               {"eval_time": f"{fires}m", "alertname": name,
@@ -209,9 +209,9 @@ def test_the_generated_prometheus_configuration_passes_promtool(promtool, tmp_pa
     files it names put in place, as the unit's ExecStartPre checks it on the node."""
     inv = load_inventory("inventories/sandbox.py")
     configs = validate_inventory(inv)
-    watcher = monitoring.monitoring_host_name(inv)
+    watcher = mon_node.monitoring_host_name(inv)
     assert watcher == "sandbox-a"
-    text = monitoring.render_prometheus(configs, configs[watcher], watcher)
+    text = mon_host.render_prometheus(configs, configs[watcher], watcher)
     conf = yaml.safe_load(text)
     jobs = {j["job_name"]: j for j in conf["scrape_configs"]}
     assert [t["labels"]["host"] for t in jobs["node"]["static_configs"]] == ["sandbox-a", "sandbox-b0", "sandbox-b1"]
@@ -221,13 +221,13 @@ def test_the_generated_prometheus_configuration_passes_promtool(promtool, tmp_pa
     for path in re.findall(r"(?:credentials_file|ca_file): (\S+)", text):
         (tmp_path / os.path.basename(path)).write_text("x\n")
         text = text.replace(path, str(tmp_path / os.path.basename(path)))
-    (tmp_path / "alerts.yml").write_text(monitoring.render_rules(configs[watcher]))
-    (tmp_path / "prometheus.yml").write_text(text.replace(monitoring.RULES, str(tmp_path / "alerts.yml")))
+    (tmp_path / "alerts.yml").write_text(mon_rules.render_rules(configs[watcher]))
+    (tmp_path / "prometheus.yml").write_text(text.replace(mon_host.RULES, str(tmp_path / "alerts.yml")))
     out = subprocess.run([promtool, "check", "config", "prometheus.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    facts = monitoring.render_facts_config("sandbox-b0", configs["sandbox-b0"], watcher)
+    facts = mon_node.render_facts_config("sandbox-b0", configs["sandbox-b0"], watcher)
     assert '"vllm_metrics_url": "http://127.0.0.1:8102/metrics"' in facts
-    assert '"vllm_metrics_url": null' in monitoring.render_facts_config("sandbox-a", configs["sandbox-a"], watcher)
+    assert '"vllm_metrics_url": null' in mon_node.render_facts_config("sandbox-a", configs["sandbox-a"], watcher)
 
 
 def _exported_names() -> set[str]:
@@ -248,9 +248,9 @@ def test_rules_and_dashboard_ask_only_for_metrics_that_exist():
     """A renamed metric makes a rule that never fires (vLLM's gpu_cache_usage_perc): every name a rule or a panel
     reads is one node_facts.py exports, one vLLM exports (VLLM_METRICS, checked against the real vLLM in the node
     tier) or node-exporter's own."""
-    known = _exported_names() | set(monitoring.VLLM_METRICS) | NODE_EXPORTER_NAMES | set(monitoring.SELF_METRICS)
-    exprs = [r["expr"] for r in monitoring.alert_rules(_me())]
-    exprs += [p["targets"][0]["expr"] for p in __import__("json").loads(monitoring.render_dashboard())["panels"]]
+    known = _exported_names() | set(mon_dashboard.VLLM_METRICS) | NODE_EXPORTER_NAMES | set(mon_rules.SELF_METRICS)
+    exprs = [r["expr"] for r in mon_rules.alert_rules(_me())]
+    exprs += [p["targets"][0]["expr"] for p in __import__("json").loads(mon_dashboard.render_dashboard())["panels"]]
     unknown = {name for e in exprs for name in _queried(e)} - known
     assert not unknown, unknown
     used = {name for e in exprs for name in _queried(e)}
@@ -330,10 +330,10 @@ def test_the_webhook_url_is_a_private_file_and_never_shown(tmp_path):
         assert "alertmanager_webhook_url_file" in str(err.value) and bad not in str(err.value)
     url.write_text(secret + "\n")
     cfg = validate_hosts(node_a(alertmanager_webhook_url_file=str(url)))["node-a"]
-    conf = yaml.safe_load(monitoring.render_alertmanager(cfg, read_webhook_url(str(url))))
+    conf = yaml.safe_load(mon_host.render_alertmanager(cfg, read_webhook_url(str(url))))
     assert conf["receivers"][1]["webhook_configs"] == [{"url": secret, "send_resolved": True}]
     assert conf["route"]["receiver"] == "webhook"
-    assert yaml.safe_load(monitoring.render_alertmanager(cfg, None))["route"]["receiver"] == "none"
+    assert yaml.safe_load(mon_host.render_alertmanager(cfg, None))["route"]["receiver"] == "none"
 
 
 def test_files_matching_lists_the_per_head_files_and_nothing_where_the_directory_is_missing(tmp_path):
@@ -346,7 +346,7 @@ def test_files_matching_lists_the_per_head_files_and_nothing_where_the_directory
     (tmp_path / "scrape-dir.key").mkdir()
 
     def run(directory):
-        out = subprocess.run(["sh", "-c", fact.command(str(directory), monitoring.SCRAPE_SECRETS)], capture_output=True,
+        out = subprocess.run(["sh", "-c", fact.command(str(directory), mon_host.SCRAPE_SECRETS)], capture_output=True,
                              text=True)
         assert out.returncode == 0, out.stderr
         return fact.process(out.stdout.splitlines())

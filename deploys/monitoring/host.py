@@ -1,0 +1,338 @@
+"""The monitoring host (the one host of the inventory group `monitoring`): Prometheus and Alertmanager as the
+toolkit's units on loopback, a scrape configuration generated from the inventory (adding a node adds its targets),
+the alert rules, Alertmanager posting to the webhook of `alertmanager_webhook_url_file`, and the dashboard."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import yaml
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, deploy
+from pyinfra.facts.files import Link
+
+from deploys.endpoint import url_host
+from deploys.inventory import inventory_configs, node_config
+from deploys.monitoring.dashboard import render_dashboard
+from deploys.monitoring.node import (
+    DIR,
+    DISTRO_UNITS,
+    EXPORTER,
+    FACTS,
+    FACTS_CONFIG,
+    UNIT_DIR,
+    monitoring_host_name,
+    render_exporter_unit,
+    render_facts_config,
+    render_facts_service,
+    render_facts_timer,
+    vllm_scrape,
+)
+from deploys.monitoring.rules import WATCHDOG_REPEAT, render_rules
+from deploys.ops import (
+    atomic_put,
+    distro_unit_masked,
+    follow_up_done,
+    follow_up_reads,
+    follow_up_stamp,
+    packages_installed,
+    secret_file,
+    unit_running,
+)
+from deploys.run.reads import expect, operation, read, service_reads, unit_state
+from deploys.schema import NodeConfig
+from deploys.schema.control_readers import read_clients, read_webhook_url
+from deploys.schema.monitoring import MONITORING_GROUP, file_word
+from deploys.unit_text import command_line, confined, unit_word
+from facts.host import FilesMatching, ManagedFiles
+
+PROMETHEUS = "inference-nodes-prometheus"
+ALERTMANAGER = "inference-nodes-alertmanager"
+PROMETHEUS_CONF = f"{DIR}/prometheus.yml"
+RULES = f"{DIR}/alerts.yml"
+ALERTMANAGER_CONF = f"{DIR}/alertmanager.yml"  # root 0600: the webhook URL may carry a token (LoadCredential)
+DASHBOARD = f"{DIR}/grafana-dashboard.json"
+HOST_FILES = (PROMETHEUS_CONF, RULES, ALERTMANAGER_CONF, DASHBOARD,
+              *(f"{UNIT_DIR}/{u}.service" for u in (PROMETHEUS, ALERTMANAGER)))
+
+
+
+def credential(name: str) -> str:
+    """Where Prometheus reads a scrape key systemd loaded for it (``LoadCredential=``)."""
+    return f"/run/credentials/{PROMETHEUS}.service/{name}"
+
+
+def scrape_key_id(head: str) -> str:
+    return f"scrape-{file_word(head)}.key"
+
+
+def scrape_key_path(head: str) -> str:
+    return f"{DIR}/{scrape_key_id(head)}"
+
+
+def ca_path(head: str) -> str:
+    return f"{DIR}/ca-{file_word(head)}.crt"
+
+
+def target_labels(name: str, cfg: NodeConfig) -> dict:
+    return {"host": name, "cluster": cfg.cluster_name, "role": "head" if cfg.is_head else "worker"}
+
+
+def render_prometheus(configs: dict[str, NodeConfig], me: NodeConfig, watcher: str) -> str:
+    """The scrape configuration, every target from the inventory: each monitored node's exporter (job `node`) and
+    each monitored head's vLLM (job `vllm`, labelled with its release: image and model commit)."""
+    interval = f"{me.prometheus_scrape_interval_s}s"
+    nodes = []
+    scrapes = []
+    for name, cfg in configs.items():
+        if not cfg.monitoring_enabled:
+            continue
+        address = cfg.node_exporter_address if name != watcher and cfg.node_exporter_address else "127.0.0.1"
+        nodes.append({"targets": [f"{url_host(address)}:{cfg.node_exporter_port}"], "labels": target_labels(name, cfg)})
+        if not cfg.is_head:
+            continue
+        how = vllm_scrape(name, cfg, watcher)
+        labels = {**target_labels(name, cfg), "image": cfg.image_ref, "model_commit": cfg.model_revision}
+        job = {"job_name": f"vllm-{name}", "scrape_interval": interval, "metrics_path": "/metrics",
+               "relabel_configs": [{"target_label": "job", "replacement": "vllm"}]}
+        if how == "endpoint":
+            job.update(scheme="https", authorization={"type": "Bearer", "credentials_file": credential(scrape_key_id(name))},
+                       static_configs=[{"targets": [f"{url_host(cfg.endpoint_address)}:{cfg.endpoint_port}"], "labels": labels}])
+            if cfg.endpoint_tls_ca:
+                job["tls_config"] = {"ca_file": ca_path(name)}
+        elif how == "loopback":
+            job["static_configs"] = [{"targets": [f"{url_host(cfg.api_bind_address)}:{cfg.api_port}"], "labels": labels}]
+        else:
+            continue  # served by node-exporter (job `node`) from the node's facts program
+        scrapes.append(job)
+    conf = {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval,
+                   "external_labels": {"monitor": "inference-nodes"}},
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{me.alertmanager_port}"]}]}]},
+        "rule_files": [RULES],
+        "scrape_configs": [{"job_name": "node", "static_configs": nodes}, *scrapes,
+                           # the watcher watched: Prometheus and Alertmanager themselves (their reloads, rule
+                           # evaluations and notifications, which the meta-alerts read)
+                           *({"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"],
+                                                                    "labels": {"host": watcher}}]}
+                             for job, port in (("prometheus", me.prometheus_port),
+                                               ("alertmanager", me.alertmanager_port)))],
+    }
+    return "# inference-nodes: generated from the inventory (deploys/monitoring.py); edits are overwritten\n" + \
+        yaml.safe_dump(conf, sort_keys=False, default_flow_style=False)
+
+
+def endpoint_scraped(configs: dict[str, NodeConfig], watcher: str) -> list[str]:
+    """The monitored heads Prometheus scrapes through their endpoint (each needs its scrape key on the host)."""
+    return [name for name, cfg in configs.items()
+            if cfg.monitoring_enabled and cfg.is_head and vllm_scrape(name, cfg, watcher) == "endpoint"]
+
+
+def scrape_keys(configs: dict[str, NodeConfig], watcher: str) -> dict[str, str]:
+    """Each head scraped through its endpoint: its monitoring client's key (from the control-node clients file)."""
+    return {name: read_clients(configs[name].endpoint_clients_file)[configs[name].endpoint_metrics_client]
+            for name in endpoint_scraped(configs, watcher)}
+
+
+def render_alertmanager(me: NodeConfig, webhook: str | None, watchdog: str | None = None) -> str:
+    """The route: every alert to the webhook, but the always-firing Watchdog to its own receiver, the outside dead
+    man's switch (``watchdog``; none: nowhere), every WATCHDOG_REPEAT."""
+    wait = me.alertmanager_group_wait_s
+    route = {"receiver": "webhook" if webhook else "none", "group_by": ["alertname", "cluster", "host"],
+             "group_wait": f"{wait}s", "group_interval": f"{max(10, 2 * wait)}s",
+             "repeat_interval": f"{me.alertmanager_repeat_interval_h}h",
+             "routes": [{"receiver": "watchdog" if watchdog else "none", "matchers": ['alertname="Watchdog"'],
+                         "group_wait": "0s", "group_interval": "1m", "repeat_interval": WATCHDOG_REPEAT}]}
+    receivers = [{"name": "none"}]
+    if webhook:
+        receivers.append({"name": "webhook", "webhook_configs": [{"url": webhook, "send_resolved": True}]})
+    if watchdog:
+        receivers.append({"name": "watchdog", "webhook_configs": [{"url": watchdog, "send_resolved": False}]})
+    return yaml.safe_dump({"route": route, "receivers": receivers}, sort_keys=False)
+
+
+def render_prometheus_unit(me: NodeConfig, keys: list[str]) -> str:
+    """Prometheus as `prometheus`, its scrape keys loaded by systemd (LoadCredential: root-only files on disk). The
+    configuration is checked by promtool before each start; a reload is checked by the converge's own promtool run
+    as root before it (an `ExecReload=` process cannot read the service's credentials: seen with systemd 257)."""
+    argv = ["/usr/bin/prometheus", f"--config.file={PROMETHEUS_CONF}", f"--storage.tsdb.path=/var/lib/{PROMETHEUS}",
+            f"--storage.tsdb.retention.time={me.prometheus_retention_days}d",
+            f"--web.listen-address=127.0.0.1:{me.prometheus_port}"]
+    check = command_line(["/usr/bin/promtool", "check", "config", PROMETHEUS_CONF])
+    loads = "".join(f"LoadCredential={unit_word(f'{scrape_key_id(h)}:{scrape_key_path(h)}')}\n" for h in keys)
+    return f"""# inference-nodes: Prometheus for the inventory's nodes (deploys/monitoring.py)
+[Unit]
+Description=inference-nodes Prometheus: scrapes the inventory's nodes, evaluates the toolkit's alerts
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=exec
+User=prometheus
+{loads}ExecStartPre={check}
+ExecStart={command_line(argv)}
+ExecReload=/bin/kill -HUP $MAINPID
+StateDirectory={PROMETHEUS}
+Restart=on-failure
+RestartSec=5
+TimeoutStopSec=60
+{confined()}
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def render_alertmanager_unit(me: NodeConfig) -> str:
+    argv = ["/usr/bin/prometheus-alertmanager", f"--storage.path=/var/lib/{ALERTMANAGER}",
+            f"--web.listen-address=127.0.0.1:{me.alertmanager_port}", "--cluster.listen-address="]
+    argv_text = command_line(argv[:-1]) + ' "--cluster.listen-address=" --config.file=%d/alertmanager.yml'
+    return f"""# inference-nodes: Alertmanager for the toolkit's alerts (deploys/monitoring.py)
+[Unit]
+Description=inference-nodes Alertmanager: delivers the toolkit's alerts to the inventory's webhook
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=exec
+User=prometheus
+LoadCredential={unit_word(f'alertmanager.yml:{ALERTMANAGER_CONF}')}
+ExecStartPre=/usr/bin/amtool check-config %d/alertmanager.yml
+ExecStart={argv_text}
+StateDirectory={ALERTMANAGER}
+Restart=on-failure
+RestartSec=5
+{confined()}
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+@operation()
+def monitoring_host_removed():
+    """A host no longer in the group `monitoring` runs no Prometheus or Alertmanager of the toolkit's."""
+    changed = False
+    for unit in (f"{PROMETHEUS}.service", f"{ALERTMANAGER}.service"):
+        running, enabled = unit_state(host, unit)
+        if running or enabled:
+            changed = True
+            yield StringCommand("systemctl", "disable", "--now", unit)
+    present = [p for p, info in read(host, ManagedFiles, paths=HOST_FILES).items() if info is not None]
+    if present:
+        changed = True
+        yield StringCommand("rm", "-f", *present)
+    secrets = read(host, FilesMatching, directory=DIR, patterns=SCRAPE_SECRETS)
+    if secrets:
+        changed = True
+        yield StringCommand("rm", "-f", *map(QuoteString, secrets))
+    if not changed:
+        host.noop("not the monitoring host")
+
+
+def host_reads(batch: tuple[str, ...] = HOST_FILES) -> list:
+    return [(ManagedFiles, {"paths": batch}), (FilesMatching, {"directory": DIR, "patterns": SCRAPE_SECRETS}),
+            *service_reads(f"{PROMETHEUS}.service"),
+            *service_reads(f"{ALERTMANAGER}.service"),
+            *(r for u in DISTRO_UNITS.values()
+              for r in ((Link, {"path": f"{UNIT_DIR}/{u}"}), *service_reads(u))),
+            *follow_up_reads("prometheus-unit", "prometheus-reload", "alertmanager-unit")]
+
+
+SCRAPE_SECRETS = ("scrape-*.key", "ca-*.crt")  # the monitoring host's per-head files
+
+
+@operation()
+def stale_scrape_files_removed(keep: tuple[str, ...]):
+    """The scrape key and CA of a head no longer scraped through its endpoint go (a key left behind is a secret left
+    behind)."""
+    stale = [p for p in read(host, FilesMatching, directory=DIR, patterns=SCRAPE_SECRETS) if p not in keep]
+    if not stale:
+        host.noop("no scrape key or CA of a head that is not scraped")
+        return
+    yield StringCommand("rm", "-f", *map(QuoteString, stale))
+
+
+@deploy("Monitoring host")
+def monitoring_host():
+    """Prometheus and Alertmanager on the host of the group `monitoring`, scraping every monitored node."""
+    me = node_config()
+    watcher = monitoring_host_name(host.inventory)
+    if watcher != host.name:
+        expect(host_reads())
+        monitoring_host_removed(name=f"No Prometheus here (not the host of the group {MONITORING_GROUP})")
+        return
+    configs = inventory_configs(host.inventory)
+    keys = scrape_keys(configs, watcher)
+    batch = (*HOST_FILES, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
+    expect(host_reads(batch))
+    webhook = read_webhook_url(me.alertmanager_webhook_url_file) if me.alertmanager_webhook_url_file else None
+    watchdog = read_webhook_url(me.alertmanager_watchdog_url_file) if me.alertmanager_watchdog_url_file else None
+    ours = {"prometheus": PROMETHEUS, "prometheus-alertmanager": ALERTMANAGER, "prometheus-node-exporter": EXPORTER}
+    for package in ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter"):  # (an exporter a lab installs)
+        distro_unit_masked(name=f"Mask the distribution's {DISTRO_UNITS[package]} (the toolkit runs its own unit)",
+                           unit=DISTRO_UNITS[package], ours=f"{ours[package]}.service")
+    packages_installed(name="Install Prometheus and Alertmanager from the distribution",
+                       packages=["prometheus", "prometheus-alertmanager"], recommends=False)
+    for head, key in keys.items():
+        secret_file(name=f"Install the key Prometheus reads {head}'s vLLM metrics with (0600, never printed)",
+                    src=StringIO(key + "\n"), dest=scrape_key_path(head), batch=batch, private_dir=False)
+        if configs[head].endpoint_tls_ca:
+            atomic_put(name=f"Install the CA {head}'s endpoint is checked with", src=configs[head].endpoint_tls_ca,
+                       dest=ca_path(head), batch=batch)
+    alertmanager_conf = render_alertmanager(me, webhook, watchdog)
+    secret_file(name="Install Alertmanager's configuration (0600: the webhook URL may carry a token)",
+                src=StringIO(alertmanager_conf), dest=ALERTMANAGER_CONF, batch=batch, private_dir=False)
+    conf, rules = render_prometheus(configs, me, watcher), render_rules(me)
+    atomic_put(name="Install Prometheus's scrape configuration (from the inventory)", src=StringIO(conf),
+               dest=PROMETHEUS_CONF, batch=batch)
+    atomic_put(name="Install the toolkit's alert rules", src=StringIO(rules), dest=RULES, batch=batch)
+    atomic_put(name="Install the Grafana dashboard (for a lab's Grafana to import)", src=StringIO(render_dashboard()),
+               dest=DASHBOARD, batch=batch)
+    units = {}
+    for unit, text in ((PROMETHEUS, render_prometheus_unit(me, list(keys))), (ALERTMANAGER, render_alertmanager_unit(me))):
+        path = f"{UNIT_DIR}/{unit}.service"
+        units[unit] = (path, text)
+        atomic_put(name=f"Install {unit}.service", src=StringIO(text), dest=path, batch=batch,
+                   resets=follow_up_stamp(f"{unit.removeprefix('inference-nodes-')}-unit"))
+    key_paths = tuple(scrape_key_path(h) for h in keys)
+    path, text = units[PROMETHEUS]
+    follow_up_done(name="Apply Prometheus's unit and scrape keys (daemon-reload, restart)", stamp="prometheus-unit",
+                   command=f"systemctl daemon-reload && systemctl restart {PROMETHEUS}.service",
+                   paths=(path, *key_paths), contents=(text, *(keys[h] + "\n" for h in keys)))
+    stale_scrape_files_removed(name="Remove the scrape keys and CAs of heads no longer scraped through an endpoint",
+                               keep=tuple(scrape_key_path(h) for h in keys) + tuple(
+                                   ca_path(h) for h in keys if configs[h].endpoint_tls_ca))
+    path, text = units[ALERTMANAGER]
+    follow_up_done(name="Apply Alertmanager's unit and configuration (daemon-reload, restart)", stamp="alertmanager-unit",
+                   command=f"systemctl daemon-reload && systemctl restart {ALERTMANAGER}.service",
+                   paths=(path, ALERTMANAGER_CONF), contents=(text, alertmanager_conf))
+    for unit in (ALERTMANAGER, PROMETHEUS):
+        unit_running(name=f"Start and enable {unit}.service", unit=f"{unit}.service")
+    follow_up_done(name="Reload Prometheus after a change of targets or rules (promtool checks them first)",
+                   stamp="prometheus-reload",
+                   command=f"/usr/bin/promtool check config {PROMETHEUS_CONF} && systemctl reload {PROMETHEUS}.service",
+                   paths=(PROMETHEUS_CONF, RULES), contents=(conf, rules))
+
+
+def rendered_files(name: str, configs: dict[str, NodeConfig], watcher: str | None) -> dict[str, str]:
+    """Node path -> content of every file this component writes on ``name`` (deploys/render.py); secrets named,
+    never rendered."""
+    cfg, out = configs[name], {}
+    if cfg.monitoring_enabled:
+        out.update({FACTS_CONFIG: render_facts_config(name, cfg, watcher),
+                    f"{UNIT_DIR}/{EXPORTER}.service": render_exporter_unit(cfg),
+                    f"{UNIT_DIR}/{FACTS}.service": render_facts_service(),
+                    f"{UNIT_DIR}/{FACTS}.timer": render_facts_timer(cfg)})
+    if name == watcher:
+        keys = endpoint_scraped(configs, watcher)
+        out.update({PROMETHEUS_CONF: render_prometheus(configs, cfg, watcher), RULES: render_rules(cfg),
+                    DASHBOARD: render_dashboard(),
+                    f"{UNIT_DIR}/{PROMETHEUS}.service": render_prometheus_unit(cfg, keys),
+                    f"{UNIT_DIR}/{ALERTMANAGER}.service": render_alertmanager_unit(cfg),
+                    ALERTMANAGER_CONF: "# not rendered: Alertmanager's route and alertmanager_webhook_url_file's URL (0600)\n"})
+        for head in keys:
+            out[scrape_key_path(head)] = f"# not rendered: {head}'s endpoint_metrics_client key (0600)\n"
+    return out
+
+
+def prometheus_url(cfg: NodeConfig) -> str:
+    return f"http://127.0.0.1:{cfg.prometheus_port}"
