@@ -96,8 +96,23 @@ def pyinfra(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [PYINFRA, "-y", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{failure_excerpt(proc.stderr)}")
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{failure_excerpt(proc.stderr)}"
+                             f"{failed_units_told(proc.stderr)}")
     return proc
+
+
+FAILED_UNIT = re.compile(r'\[([\w.-]+)\] +See "systemctl status ([\w@.-]+)"')
+
+
+def failed_units_told(stderr: str) -> str:
+    """For each unit a failed run names ('See "systemctl status X"'), its node's own account: the unit's state and
+    its journal of this boot without vLLM's chatter (what CI keeps of a failure the run's words alone cannot explain)."""
+    out = []
+    for name, unit in dict.fromkeys(FAILED_UNIT.findall(stderr)):
+        told = on_node(name, f"systemctl status {unit} --no-pager -n 0; journalctl -b --no-pager -o short-precise "
+                             f"-u {unit} | grep -v -E 'APIServer pid|EngineCore pid|Worker pid' | tail -40")
+        out.append(f"\n\n{name}: {unit} as the node tells it:\n{told.stdout[-4000:]}")
+    return "".join(out)
 
 
 FAILURE_LINE = re.compile(r"\[[\w.-]+\] +(Error|Unexpected error)|^--> .*(error|failed)|Traceback \(most recent", re.I)
