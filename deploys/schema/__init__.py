@@ -62,7 +62,9 @@ from deploys.schema.node import COMPONENT_KEYS, NodeConfig
 from deploys.schema.nvidia_driver import NvidiaDriverKeys
 from deploys.schema.package_manager import PackageManagerKeys
 from deploys.schema.parse import PYINFRA_KEYS, parse_node, schema_data
-from deploys.schema.problems import HIDDEN, InventoryValidationError, KeyRuleError, Problem, looks_secret, shown_value
+from deploys.schema.base import KeyRuleError
+from deploys.schema.problems import InventoryValidationError, Problem, shown_value
+from deploys.schema.secret_shapes import HIDDEN, looks_secret
 from deploys.schema.readme import KEYS_PAGE, README_END, README_START, markdown_table, readme_with_table
 
 __all__ = [

@@ -54,6 +54,16 @@ SECRET_NAME = re.compile(
 )
 
 
+class KeyRuleError(ValueError):
+    """Raised inside a validator so the problem names the key a (cross-field) rule is about. Its own message never
+    holds the value (a secret under a harmless name): the problem it becomes shows the value as
+    deploys/schema/problems.py's ``shown_value`` allows."""
+
+    def __init__(self, key: str, value: Any, expected: str):
+        self.key, self.value, self.expected = key, value, expected
+        super().__init__(f"{key}: expected {expected}")
+
+
 class ComponentKeys(BaseModel):
     """The base of every component's keys: unknown keys are errors, values frozen, no inf/nan, and no
     true/false where a number belongs (pydantic's lax mode reads `[True]` as `[1]`: GPU 1, silently)."""
@@ -63,8 +73,6 @@ class ComponentKeys(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_booleans_for_numbers(cls, data: Any) -> Any:
-        from deploys.schema.problems import KeyRuleError
-
         if isinstance(data, dict):
             for key, value in data.items():
                 field = cls.model_fields.get(key)

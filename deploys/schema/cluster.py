@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from deploys.schema.base import ComponentKeys, IpAddress, _key
-from deploys.schema.problems import KeyRuleError
+from deploys.schema.base import KeyRuleError
 
 
 class ClusterKeys(ComponentKeys):

@@ -13,7 +13,8 @@ from pydantic import model_validator
 
 from deploys.schema.base import (HEX40, SYSTEM_DIRS, ComponentKeys, ContainerPath, DevicePath, EnvMap, IpAddress, OwnedDir,
                                  ReadOnlyRoot, _key)
-from deploys.schema.problems import URL_CREDENTIALS, KeyRuleError, looks_secret
+from deploys.schema.base import KeyRuleError
+from deploys.schema.secret_shapes import URL_CREDENTIALS, looks_secret
 from deploys.unit_text import LONE_SEMICOLON
 from files.model_snapshot.snapshot_manifest import inside  # one definition of "at or below"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deploys.schema.base import DEB_PACKAGE, CdiSpecFile, ComponentKeys, ControlSecret, Url, _key
-from deploys.schema.problems import KeyRuleError
+from deploys.schema.base import KeyRuleError
 
 
 class RegistryMirror(BaseModel):

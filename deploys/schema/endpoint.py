@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from deploys.schema.base import ComponentKeys, ControlFile, ControlSecret, IpAddress, _key
-from deploys.schema.problems import KeyRuleError
+from deploys.schema.base import KeyRuleError
 
 # The vLLM routes a lab may open through the endpoint; every other path is refused (404). /health is answered
 # to any client with a valid key; /metrics only to the monitoring client (endpoint_metrics_client).

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from deploys.schema.base import ComponentKeys, EnvMap, FabricEnvFile, _key
-from deploys.schema.problems import KeyRuleError
+from deploys.schema.base import KeyRuleError
 
 
 class HostTuningKeys(ComponentKeys):

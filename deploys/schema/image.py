@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from deploys.schema.base import DIGEST, ComponentKeys, _key
-from deploys.schema.problems import KeyRuleError
+from deploys.schema.base import KeyRuleError
 
 
 class ImageKeys(ComponentKeys):

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from deploys.schema.base import HEX40, ComponentKeys, ControlDir, ControlSecret, HubVenv, OwnedDir, Url, _key
-from deploys.schema.problems import KeyRuleError
+from deploys.schema.base import KeyRuleError
 
 
 class ModelKeys(ComponentKeys):

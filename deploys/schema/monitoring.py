@@ -10,7 +10,7 @@ import re
 from pydantic import model_validator
 
 from deploys.schema.base import ComponentKeys, ControlSecret, IpAddress, _key
-from deploys.schema.problems import KeyRuleError
+from deploys.schema.base import KeyRuleError
 
 MONITORING_GROUP = "monitoring"  # the inventory group naming the one host that runs Prometheus and Alertmanager
 

@@ -24,7 +24,7 @@ from deploys.schema.image import ImageKeys
 from deploys.schema.model import ModelKeys
 from deploys.schema.nvidia_driver import NvidiaDriverKeys
 from deploys.schema.package_manager import PackageManagerKeys
-from deploys.schema.problems import KeyRuleError
+from deploys.schema.base import KeyRuleError
 from files.model_snapshot.snapshot_manifest import inside
 
 NEEDLE_ANSWER_TOKENS = 16  # files/serving_gate/needle.py MAX_TOKENS (a script run on its own: not imported here)

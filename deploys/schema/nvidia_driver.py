@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from deploys.schema.base import DEB_PACKAGE, ComponentKeys, ReadOnlyRoot, Url, _key
-from deploys.schema.problems import KeyRuleError
+from deploys.schema.base import KeyRuleError
 
 
 class NvidiaDriverKeys(ComponentKeys):

@@ -9,28 +9,9 @@ from pydantic import ValidationError
 
 from deploys.schema.control_files import control_file_problems
 from deploys.schema.node import NodeConfig
-from deploys.schema.problems import MISSING, Problem, problems_from
+from deploys.schema.problems import MISSING, PYINFRA_KEYS, Problem, problems_from
 from deploys.unit_text import unprintable
 
-
-def _pyinfra_keys() -> frozenset[str]:
-    """pyinfra's own host-data keys: every installed connector's data keys and the global arguments
-    (`_sudo`, ...). host.data carries them beside ours; everything else must be a schema key, so a typo
-    (`podman_min_versoin`) is an error, not a silently ignored value."""
-    from importlib.metadata import entry_points
-
-    from pyinfra.api.arguments import all_global_arguments
-
-    keys = {name for name, _ in all_global_arguments() if name.startswith("_")}
-    for ep in entry_points(group="pyinfra.connectors"):
-        try:
-            keys |= set(getattr(ep.load(), "data_meta", None) or {})
-        except Exception:  # a broken third-party connector must not break validation
-            continue
-    return frozenset(keys)
-
-
-PYINFRA_KEYS = _pyinfra_keys()
 
 UNPRINTABLE = ("no control characters (newline, tab, NUL, escape, zero-width or bidi marks): unit and env files "
                "cannot carry them safely")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import re
 import types
 import typing
 from dataclasses import dataclass
@@ -14,42 +13,43 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pyinfra.api.exceptions import DeployError
 
-from deploys.schema.base import CONTROL_FILE, CONTROL_SECRET, SECRET_NAME, is_safe_path, path_kind
+from deploys.schema.base import CONTROL_FILE, CONTROL_SECRET, SECRET_NAME, KeyRuleError, is_safe_path, path_kind
+from deploys.schema.node import NodeConfig
+from deploys.schema.secret_shapes import HIDDEN, URL_CREDENTIALS, looks_secret
 
 # --------------------------------------------------------------------------------------------------
 # Showing a bad value without ever showing a secret
 
-# Well-known token shapes (Hugging Face, GitHub, GitLab, OpenAI-style, AWS, Slack, JWT) and any long run of
-# mixed-case letters and digits (a random secret) that is not plain hex (commits and digests are shown).
-_TOKEN = re.compile(
-    r"(hf_|gh[pousr]_|github_pat_|glpat-|sk-|xox[abprs]-)[A-Za-z0-9_-]{12,}|AKIA[0-9A-Z]{16}"
-    r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
-    r"|(?<![A-Za-z0-9+=])(?=[A-Za-z0-9+=]*[a-z])(?=[A-Za-z0-9+=]*[A-Z])(?=[A-Za-z0-9+=]*[0-9])[A-Za-z0-9+=]{32,}"
-)
-HIDDEN = "<hidden: looks like a secret>"
-# `scheme://user:password@host`: the credentials of a URL (shown as `scheme://<hidden>@host`)
-URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+def _pyinfra_keys() -> frozenset[str]:
+    """pyinfra's own host-data keys: every installed connector's data keys and the global arguments
+    (`_sudo`, ...). host.data carries them beside ours; everything else must be a schema key, so a typo
+    (`podman_min_versoin`) is an error, not a silently ignored value."""
+    from importlib.metadata import entry_points
+
+    from pyinfra.api.arguments import all_global_arguments
+
+    keys = {name for name, _ in all_global_arguments() if name.startswith("_")}
+    for ep in entry_points(group="pyinfra.connectors"):
+        try:
+            keys |= set(getattr(ep.load(), "data_meta", None) or {})
+        except Exception:  # a broken third-party connector must not break validation
+            continue
+    return frozenset(keys)
 
 
-def looks_secret(text: str) -> bool:
-    return bool(_TOKEN.search(text))
+PYINFRA_KEYS = _pyinfra_keys()
 
 
 @functools.cache
 def control_file_keys() -> frozenset[str]:
     """The keys whose value is a control-node file (their type is ``ControlSecret`` or ``ControlFile``): a value
     that is not a path may be the file's content pasted in (client keys, a webhook URL, a PEM block)."""
-    from deploys.schema.node import NodeConfig
-
     return frozenset(k for k, f in NodeConfig.model_fields.items()
                      if path_kind(f.annotation) in (CONTROL_SECRET, CONTROL_FILE))
 
 
 @functools.cache
 def _known_keys() -> frozenset[str]:
-    from deploys.schema.node import NodeConfig
-    from deploys.schema.parse import PYINFRA_KEYS
-
     return frozenset(NodeConfig.model_fields) | PYINFRA_KEYS
 
 
@@ -119,14 +119,6 @@ class InventoryValidationError(DeployError):
         super().__init__(
             f"inventory validation failed ({len(problems)} problem(s)); nothing was changed on any host:\n{lines}{hint}"
         )
-
-
-class KeyRuleError(ValueError):
-    """Raised inside a validator so the problem names the key a (cross-field) rule is about."""
-
-    def __init__(self, key: str, value: Any, expected: str):
-        self.key, self.value, self.expected = key, value, expected
-        super().__init__(f"{key}: {shown_value(key, value)}: expected {expected}")
 
 
 # --------------------------------------------------------------------------------------------------
