@@ -14,6 +14,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Directory, File, FileContents, Link
 
+from deploys.inventory import node_config
 from facts.apt import AptHolds, KeyringFingerprints
 from files import helper_text
 from facts.host import ManagedFiles
@@ -231,8 +232,6 @@ done"""
 
 def lock_timeout() -> int:
     """The host being prepared's `apt_lock_timeout_s`."""
-    from deploys.inventory import node_config
-
     return node_config().apt_lock_timeout_s
 
 

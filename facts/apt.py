@@ -8,6 +8,8 @@ import shlex
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from files import helper_text
+
 
 def held_packages(showhold: list[str]) -> list[str]:
     """Package names from `apt-mark showhold` lines, architecture qualifiers dropped (`libfoo:amd64`), sorted:
@@ -71,7 +73,5 @@ class AptSourcesNaming(FactBase[dict]):
 
 def nvidia_sources_command(mode: str, uris: tuple[str, ...], own: tuple[str, ...], etc: str = "/etc/apt") -> str:
     """files/apt/nvidia_sources.py run on the node with `python3 -c` (``mode``: find or disable)."""
-    from files import helper_text
-
     args = " ".join(shlex.quote(a) for a in (mode, etc, ",".join(own), *uris))
     return f"python3 -c {shlex.quote(helper_text('apt/nvidia_sources.py'))} {args}"

@@ -13,6 +13,9 @@ import argparse
 import os
 import sys
 
+from files.model_snapshot.snapshot_manifest import ManifestError, remove_paths
+from files.model_snapshot.verify_snapshot import verify
+
 
 def fetch(repo: str, commit: str, manifest: str, cache: str, endpoint: str, token_file: str | None) -> str:
     os.environ.setdefault("HF_HUB_DISABLE_SHARED_BLOBS", "1")  # plain blobs under models--X/blobs
@@ -20,9 +23,6 @@ def fetch(repo: str, commit: str, manifest: str, cache: str, endpoint: str, toke
     os.environ.setdefault("HF_HUB_DISABLE_UPDATE_CHECK", "1")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError
-
-    from files.model_snapshot.snapshot_manifest import remove_paths
-    from files.model_snapshot.verify_snapshot import verify
 
     token = open(token_file).read().strip() if token_file else False
     stamp = os.path.join(cache, f".inference-nodes-control-{commit}.json")
@@ -50,8 +50,6 @@ def fetch(repo: str, commit: str, manifest: str, cache: str, endpoint: str, toke
 
 
 def main() -> int:
-    from files.model_snapshot.snapshot_manifest import ManifestError
-
     ap = argparse.ArgumentParser()
     for name in ("repo", "commit", "manifest", "cache", "endpoint"):
         ap.add_argument(name)

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from deploys.schema.base import PathKind, path_kind
 from deploys.schema.node import COMPONENT_KEYS
 
 
@@ -29,8 +30,6 @@ NAMED_TYPES = {"_url": "a URL without credentials or quotes", "_env_map": "a map
 def allowed_form(name: str, field: FieldInfo) -> str:
     """What ``field`` accepts, from its type and constraints: the key table's "allowed" column."""
     import annotated_types as at
-
-    from deploys.schema.base import PathKind, path_kind
 
     parts = []
     funcs = [getattr(m, "func", None) for m in field.metadata]  # pydantic moves a bare Annotated's metadata here

@@ -14,8 +14,9 @@ from pyinfra.facts.systemd import SystemdStatus
 
 from deploys.inventory import node_config
 from deploys.model.snapshot import GATE, STAMP
-from deploys.ops import cluster_all_here
-from deploys.run.reads import operation, read
+from deploys.ops import cluster_all_here, host_failed, uses_sudo
+from deploys.run.reads import operation, read, run_on
+from deploys.run.state import kept
 from deploys.service.door import drain, switch_marker_command
 from deploys.service.release import as_released, gate_record_path
 from facts.containers import GatePassed, ServiceStartedFrom
@@ -79,10 +80,33 @@ def service_current(service: str, started_from: str, fingerprint: str, record: s
         return
     if running and start["unit"] == fingerprint and start["verified"]:
         logger.info(f"{host.name}: {reason.replace('it started', f'{service} started')}: restarting it")
-    yield StringCommand(GATE)
-    yield StringCommand("rm", "-f", record)
-    yield StringCommand("sh", "-c", QuoteString(switch_marker_command(node_config())))
-    yield StringCommand("systemctl", "restart" if running else "start", service)
+    yield FunctionCommand(_switch_started, (service, record, bool(running), node_config().is_head), {})
+
+
+def _switch_started(state, host, service: str, record: str, running: bool, head: bool) -> bool:
+    """Execute time: the model gate, then the gate record goes (the new start has passed no gate yet), the switch
+    marker is written, and the service (re)starts. A worker whose switch fails here tells its head (which stops
+    waiting and rolls the cluster back); a head whose own start fails goes on to its wait, which sees the failed
+    unit and takes the switch's failure rows (deploys/service/outcome.py): rollback, record, a failed verdict."""
+    sudo = {"_sudo": True} if uses_sudo(host) else {}
+    steps = ((StringCommand(GATE), "the model gate refused its snapshot"),
+             (StringCommand("sh", "-c", QuoteString(f"rm -f {record} && {switch_marker_command(node_config(host))}")),
+              "its gate record or switch marker could not be written"),
+             (StringCommand("systemctl", "restart" if running else "start", service), f"{service} did not start"))
+    for number, (command, what) in enumerate(steps):
+        ok, out = run_on(host, command, **sudo)
+        if ok:
+            continue
+        said = " ".join(line.strip() for line in out.stderr.strip().splitlines()[-3:])
+        why = f"{what}" + (f": {said[-600:]}" if said else "")
+        if head and number == len(steps) - 1:
+            host.log_styled(f"{why}; the switch decides what follows (its wait sees the failed unit)",
+                            log_func=logger.warning)
+            return True
+        if not head:
+            kept(state, "switch_failed", dict)[host.name] = why
+        return host_failed(host, f"{host.name}: {why}")
+    return True
 
 
 @operation()

@@ -20,6 +20,7 @@ from deploys.run.reads import operation, read, run_on
 from deploys.run.state import kept
 from deploys.schema import NodeConfig
 from deploys.service.door import switch_marker_path
+from deploys.service.outcome import Happened, switch_outcome
 from deploys.service.release import (
     as_released,
     failure_record,
@@ -28,6 +29,7 @@ from deploys.service.release import (
     good_release_dir,
     json_file_command,
     record_command,
+    release_history_path,
     release_named,
     restore_good_command,
     save_good_command,
@@ -90,15 +92,20 @@ class _Member:
             return None
         return good if isinstance(good, dict) else None
 
+    def history(self) -> tuple[str, ...]:
+        """The releases that passed the serving gate on this member, by id (empty: none, or unreadable)."""
+        text = self.run(f"cat {release_history_path(self.cfg)} 2>/dev/null; true").strip()
+        try:
+            entries = json.loads(text) if text else []
+        except ValueError:
+            return ()
+        return tuple(str(e["release"]) for e in entries if isinstance(e, dict) and e.get("release")) \
+            if isinstance(entries, list) else ()
 
-def _rollback(me: _Member, workers: list[_Member], release: dict, progress) -> tuple[dict | None, str]:
-    """Put the last good release back on every member, workers first (their rank starts before the head's).
+
+def _rollback(me: _Member, workers: list[_Member], good: dict, release: dict, progress) -> tuple[dict | None, str]:
+    """Put the last good release ``good`` back on every member, workers first (their rank starts before the head's).
     (the good release, None when nothing was rolled back; what happened)."""
-    good = me.good()
-    if not good:
-        return None, "no release has passed the serving gate on this node yet: nothing to roll back to"
-    if good.get("release") == release["release"]:
-        return None, "this is the last good release itself: nothing older to roll back to"
     kept = {w.host.name: w.good() for w in workers}
     if missing := [name for name, g in kept.items() if (g or {}).get("release") != good.get("release")]:
         return None, (f"{', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not keep the last good "
@@ -123,22 +130,23 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
 
 
 def _switch_ends(state, host, head: bool, model: str, release: dict, record: str, workers: tuple[str, ...]) -> bool:
-    """Execute time, on one node: wait until its service serves (``_serves``). A head that passes records the
-    release it passed with and keeps its files, and its workers', as the last good release. One that fails is
-    handled by ``failed_release_policy`` (rollback: the last good release put back on every member, workers
-    first, restarted and gated again), and the host fails saying what failed and what the cluster serves now."""
+    """Execute time, on one node: wait until its service serves (``_serves``), then do what the decision table
+    (deploys/service/outcome.py) says: keep the release, tell the head, remember it as failed, stop, or roll the
+    cluster back (workers first) and gate the restored release; the host fails saying what failed and what the
+    cluster serves now."""
     me = _Member(host)
     cfg, service = me.cfg, f"{me.cfg.container_name}.service"
     in_run = [state.inventory.get_host(name) for name in workers]
     # a worker outside this run (--limit: a head restarted alone) is not reached: it keeps what it kept; one that
-    # failed in this run (its own start, say) is reached: the cluster rolls back as one, it too
+    # failed in this run is reached: the cluster rolls back as one, it too
     members = [_Member(h) for h in in_run if h in state.active_hosts and h not in state.failed_hosts]
-    away = [h.name for h in in_run if h not in state.active_hosts and h not in state.failed_hosts]
-    failed_switch = kept(state, "switch_failed", dict)  # workers whose own wait failed in this run
+    away = tuple(h.name for h in in_run if h not in state.active_hosts and h not in state.failed_hosts)
+    failed_switch = kept(state, "switch_failed", dict)  # workers that failed at or after their own switch
 
     def worker_failed() -> str | None:
-        """Why the job cannot form: a worker of this head failed its switch in this run (its wait runs beside ours)."""
-        names = [h.name for h in in_run if h.name in failed_switch or h in state.failed_hosts]
+        """Why the job cannot form: a worker of this head failed its own switch in this run (its start, or its wait
+        beside ours). A worker that failed an earlier step (apt, a download) kept its service as it was: no reason."""
+        names = [h.name for h in in_run if h.name in failed_switch]
         return f"worker {', '.join(names)} failed its switch in this run (its error is above)" if names else None
 
     def progress(line: str) -> None:
@@ -163,12 +171,14 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
                                          "image": of.get("image"), "model_revision": of.get("model_revision")})
 
     ok, why, now = _serves(host, cfg, head, model, me.run, progress, me.sudo, worker_failed if head else None)
-    if ok and not head:
+    good = me.good() if head and not ok else None
+    todo = switch_outcome(Happened(head=head, service=service, ok=ok, release=release, policy=cfg.failed_release_policy,
+                                   good=good, history=me.history() if head and not ok else (), workers_away=away))
+    if todo.ok and not head:
         progress(why)
         return True
-    if head and (ok or "serving gate" in why):
-        write_verdict(ok, release)
-    if ok:
+    if todo.keep_passed:
+        write_verdict(True, release)
         passed = passed_record(release, now)
         if not (all(m.ok(f"{save_good_command(m.cfg, passed)} && {forget_command(m.cfg)}") for m in [*members, me])
                 and write_record(passed) and me.ok(f"rm -f {closed_flag_path(cfg)}")):
@@ -178,46 +188,43 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
                  + (f" (with its workers {', '.join(m.host.name for m in members)})" if members else ""))
         return True
     failure = f"{host.name}: {why}"
-    policy = cfg.failed_release_policy
-    if not head:
-        kept(state, "switch_failed", dict)[host.name] = why  # its head stops waiting for it and rolls back the cluster
+    if todo.tell_head:
+        failed_switch[host.name] = why  # its head stops waiting for it and rolls back the cluster
         return host_failed(host, failure)
-    # remembered on every member: the next converge does not switch the cluster to it again (deploys/service/failed_release.py)
-    remembered = failure_record(release, why)
-    for member in [me, *members]:
-        member.ok(record_command(member.cfg, remembered))
-    if policy == "keep":
-        return host_failed(host, f"{failure}\n{host.name}: {service} left as it is (failed_release_policy=keep)")
-    if policy == "stop":
+    if todo.failed_verdict:  # a passing rollback writes its own
+        write_verdict(False, release)
+    if todo.record_failed:  # remembered on every member: the next converge does not switch to it again
+        remembered = failure_record(release, why)
+        for member in [me, *members]:
+            member.ok(record_command(member.cfg, remembered))
+    if todo.act == "stop":
         stopped = all(m.ok(f"systemctl stop {m.cfg.container_name}.service") for m in [me, *members])
         return host_failed(host, f"{failure}\n{host.name}: {service}" + (" and its workers' services" if members else "")
-                           + (" stopped (failed_release_policy=stop)" if stopped else " could not be stopped"))
-    if away:
-        return host_failed(host, f"{failure}\n{host.name}: its workers {', '.join(away)} are not in this run: nothing "
-                                 f"rolled back ({service} left as it is)")
+                           + (" stopped " if stopped else " could not be stopped ") + todo.said)
+    if todo.act != "rollback":
+        return host_failed(host, f"{failure}\n{host.name}: {todo.said}")
     # a worker that failed its own switch is reached too: the cluster rolls back as one
     members += [_Member(h) for h in in_run if h.name in failed_switch or h in state.failed_hosts
                 if h.name not in {m.host.name for m in members}]
-    good, what = _rollback(me, members, release, progress)
+    good, what = _rollback(me, members, good, release, progress)
     if good is None:
-        return host_failed(host, f"{failure}\n{host.name}: {what} ({service} left as it is)")
+        return host_failed(host, f"{failure}\n{host.name}: {what} ({service} left as it is){todo.said}")
     for member in members:
         back, why_back, _ = _serves(member.host, member.cfg, False, model, member.run, progress, member.sudo)
         if not back:
             return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, but worker "
-                                     f"{member.host.name} does not run it: {why_back}")
+                                     f"{member.host.name} does not run it: {why_back}{todo.said}")
     cfg_back, model_back = as_released(cfg, model, good)  # gated where the restored release listens, by its name
     back, why_back, now_back = _serves(host, cfg_back, head, model_back, me.run, progress, me.sudo)
-    if back or "serving gate" in why_back:
-        write_verdict(back, good)
+    write_verdict(back, good)
     if not back:
         return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, which failed too: "
-                                 f"{why_back}")
+                                 f"{why_back}{todo.said}")
     write_record(passed_record({k: v for k, v in good.items() if k in release}, now_back))
     me.ok(f"rm -f {closed_flag_path(cfg)}")  # the restored release passed: the endpoint opens
     on = f" on {host.name} and {', '.join(workers)}" if workers else ""
     return host_failed(host, f"{failure}\n{host.name}: rolled back: {service} serves the last good "
-                             f"{release_named(good)} again{on} (it passed the serving gate)")
+                             f"{release_named(good)} again{on} (it passed the serving gate){todo.said}")
 
 
 @operation()
