@@ -12,7 +12,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, deploy
 from pyinfra.facts.files import Directory, Link
 
-from deploys.endpoint import url_host
+from deploys.endpoint import closed_flag_path, url_host
 from deploys.inventory import node_config
 from deploys.model.snapshot import RECORD
 from deploys.ops import (
@@ -94,6 +94,7 @@ def render_facts_config(name: str, cfg: NodeConfig, watcher: str | None) -> str:
         "interval_s": cfg.monitoring_facts_interval_s,
         "gate_last": gate_last_path(cfg) if cfg.is_head else None,
         "gate_passed": gate_record_path(cfg) if cfg.is_head else None,
+        "endpoint_closed_flag": closed_flag_path(cfg) if cfg.is_head and cfg.endpoint_enabled else None,
         "switch_marker": switch_marker_path(cfg),
         "started_from": started_from_path(cfg) if cfg.is_head else None,
         "service": f"{cfg.container_name}.service",

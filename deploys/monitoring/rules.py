@@ -42,6 +42,12 @@ def alert_rules(me: NodeConfig) -> list[dict]:
         ("ReleaseNotGated", "inference_nodes_serving_release_gated == 0", me.alert_not_gated_for_s, "critical",
          "{{ $labels.host }} serves a release that has not passed its serving gate (a converge killed between its "
          "restart and its gate, or one that hangs): run a converge, which gates it or rolls back"),
+        # the door shut with no switch in progress (its marker gone or past its lease): a converge stopped during its
+        # drain or before its gate; clients get JSON 503 until a converge gates what runs and opens it
+        ("EndpointClosed", "inference_nodes_endpoint_closed == 1 unless on (cluster, host) "
+         "inference_nodes_switch_in_progress == 1", me.alert_for_s, "critical",
+         "the endpoint of {{ $labels.host }} answers every request with 503 and no converge is switching it (one was "
+         "stopped during its drain or before its gate): run a converge, which gates what runs and opens the door"),
         ("ServingGateFailed", "inference_nodes_serving_gate_ok == 0", 0, "critical",
          "the last serving gate on {{ $labels.host }} failed (see the converge's output and the service journal)"),
         ("DeepVerifyBad", "inference_nodes_deep_verify_ok == 0", 0, "critical",
@@ -99,7 +105,7 @@ def alert_rules(me: NodeConfig) -> list[dict]:
 
 
 ALERT_KEYS = {  # which key tunes each alert (docs/monitoring.md)
-    "NodeExporterDown": "alert_for_s", "InferenceServiceDown": "alert_for_s",
+    "NodeExporterDown": "alert_for_s", "InferenceServiceDown": "alert_for_s", "EndpointClosed": "alert_for_s",
     "InferenceServiceRestarting": "alert_restarts_max", "InferenceNotGenerating": "alert_not_generating_for_s",
     "KvCacheHigh": "alert_kv_cache_usage_max, alert_for_s", "RequestsWaitingLong": "alert_requests_waiting_for_s",
     "ServingGateFailed": "(fires at once)", "DeepVerifyBad": "(fires at once)",

@@ -150,6 +150,11 @@ class ContainerKeys(ComponentKeys):
     service_timeout_stop_sec: int = _key(120, description="`TimeoutStopSec=`", ge=1, le=86400)
     service_restart_sec: int = _key(30, description="`RestartSec=`: the first delay before the service restarts "
                                     "after any exit (it grows to 300 s over 5 restarts)", ge=0, le=86400)
+    service_switch_lease_s: int = _key(
+        300, description="how long a converge's switch marker counts (the service-down and closed-endpoint alerts stay "
+        "quiet: planned work) unless the converge renews it, which it does every third of it while it waits for the "
+        "service; a converge killed mid-switch stops muting them this long after its last renewal", ge=60, le=3600,
+    )
     service_worker_grace_sec: int = _key(
         120, description="multi-node workers: seconds after start before a head that does not answer on "
         "`vllm_master_port` gets the worker killed and restarted (`HealthStartPeriod=`)", ge=10, le=86400,

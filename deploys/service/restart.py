@@ -126,9 +126,11 @@ def endpoint_closed_for_the_switch(service: str, started_from: str, fingerprint:
     if restart_reason(running, start, fingerprint) is None:
         host.noop(f"{service} is not restarted: its endpoint stays as it is")
         return
+    cfg = node_config()
+    # the marker first: a closed door is never unexplained (EndpointClosed pages once no switch is in progress)
+    yield StringCommand("sh", "-c", QuoteString(switch_marker_command(cfg, cfg.endpoint_drain_s)))
     yield StringCommand("install", "-d", "-m", "0755", posixpath.dirname(flag))  # nginx's workers must see the flag
     yield StringCommand("touch", flag)
     if running:  # the requests in flight are the running release's: asked where it listens (its gate record says)
-        cfg = node_config()
         passed = read(host, GatePassed, record=gate_record_path(cfg), service=service)["release"] or {}
         yield FunctionCommand(drain, (as_released(cfg, "", passed)[0],), {})

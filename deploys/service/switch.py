@@ -19,7 +19,7 @@ from deploys.ops import host_failed, uses_sudo
 from deploys.run.reads import operation, read, run_on
 from deploys.run.state import kept
 from deploys.schema import NodeConfig
-from deploys.service.door import switch_marker_path
+from deploys.service.door import switch_marker_command, switch_marker_path
 from deploys.service.outcome import Happened, switch_outcome
 from deploys.service.release import (
     as_released,
@@ -48,15 +48,21 @@ from facts.containers import GatePassed, ServiceStartedFrom
 from facts.host import ExistingPaths
 
 
+GATE_BOUND_S = 900  # the switch marker's extra time for a serving gate (its checks' own timeouts, a slow decode)
+
+
 def _serves(host, cfg: NodeConfig, head: bool, model: str, run, progress, sudo: dict,
-            abort=None) -> tuple[bool, str, dict]:
+            abort=None, renew=None) -> tuple[bool, str, dict]:
     """Wait for the service of ``cfg`` (a head: /health; a worker: running), showing its stage as it goes; on a
-    head, then the serving gate. ``abort()``: a reason to stop waiting (a worker failed). (ok, what happened, the
-    unit's last read)."""
+    head, then the serving gate. ``abort()``: a reason to stop waiting (a worker failed); ``renew(longer_s)``: the
+    switch marker renewed before the gate, which cannot renew it while it runs. (ok, what happened, the unit's last
+    read)."""
     ready, why, now = wait_serving(run, cfg, head, cfg.service_ready_timeout_sec, progress, abort=abort)
     if not ready or not head:
         return ready, why, now
     progress(why)
+    if renew:
+        renew(GATE_BOUND_S)
     t0 = time.monotonic()
     ok, out = run_on(host, StringCommand(gate_command(cfg, model)), **sudo)
     checks = gate_checks(out.stdout)
@@ -149,8 +155,19 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
         names = [h.name for h in in_run if h.name in failed_switch]
         return f"worker {', '.join(names)} failed its switch in this run (its error is above)" if names else None
 
+    renewed = [time.monotonic()]
+
+    def renew(longer_s: int = 0) -> None:
+        """The switch markers of this node and of the members it reached, renewed (`service_switch_lease_s` from now):
+        alerts stay quiet while this converge works, and only while it does."""
+        for member in [me, *members]:
+            member.ok(switch_marker_command(member.cfg, longer_s))
+        renewed[0] = time.monotonic()
+
     def progress(line: str) -> None:
         host.log_styled(line, log_func=logger.info)
+        if time.monotonic() - renewed[0] >= cfg.service_switch_lease_s / 3:  # the wait tells at least every 30 s
+            renew()
 
     def passed_record(serving: dict, now: dict) -> dict:
         return {**serving, "invocation": now.get("InvocationID"),
@@ -170,7 +187,8 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
         write_json(gate_last_path(cfg), {"ok": passed, "at": int(time.time()), "release": of.get("release"),
                                          "image": of.get("image"), "model_revision": of.get("model_revision")})
 
-    ok, why, now = _serves(host, cfg, head, model, me.run, progress, me.sudo, worker_failed if head else None)
+    ok, why, now = _serves(host, cfg, head, model, me.run, progress, me.sudo, worker_failed if head else None,
+                           renew if head else None)
     good = me.good() if head and not ok else None
     todo = switch_outcome(Happened(head=head, service=service, ok=ok, release=release, policy=cfg.failed_release_policy,
                                    good=good, history=me.history() if head and not ok else (), workers_away=away))
@@ -215,7 +233,8 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
             return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, but worker "
                                      f"{member.host.name} does not run it: {why_back}{todo.said}")
     cfg_back, model_back = as_released(cfg, model, good)  # gated where the restored release listens, by its name
-    back, why_back, now_back = _serves(host, cfg_back, head, model_back, me.run, progress, me.sudo)
+    renew()
+    back, why_back, now_back = _serves(host, cfg_back, head, model_back, me.run, progress, me.sudo, renew=renew)
     write_verdict(back, good)
     if not back:
         return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, which failed too: "

@@ -86,6 +86,9 @@ FAMILIES = {
     "serving_gate_timestamp_seconds": ("gauge", "Unix time of the last serving gate run."),
     "serving_gate_info": ("gauge", "What the last serving gate run tested: release, image and model revision."),
     "service_active": ("gauge", "1 if the inference systemd unit is active, else 0."),
+    "endpoint_closed": ("gauge", "Head with an endpoint: 1 while its door is closed (every API request gets a JSON 503: "
+                                 "a switch, or a converge stopped before its gate), else 0."),
+    "endpoint_closed_since_seconds": ("gauge", "Unix time the endpoint's door closed (while it is closed)."),
     "switch_in_progress": ("gauge", "1 while a converge switches this node to another release (its marker, within the "
                                     "bound the converge wrote), else 0: planned work, not an outage."),
     "serving_release_gated": ("gauge", "Head, service active: 1 if the release it started from passed the serving gate "
@@ -277,6 +280,16 @@ def switch_samples(marker: str, now: float) -> list[Sample]:
     return [("switch_in_progress", {}, int(until is not None and now < until))]
 
 
+def endpoint_samples(flag: str) -> list[Sample]:
+    """The endpoint's door: closed while its flag exists (a converge creates it before a restart, removes it once a
+    release passed the gate), since the flag's time."""
+    try:
+        since = os.stat(flag).st_mtime
+    except FileNotFoundError:
+        return [("endpoint_closed", {}, 0)]
+    return [("endpoint_closed", {}, 1), ("endpoint_closed_since_seconds", {}, since)]
+
+
 def gated_samples(run: Run, service: str, started_from: str, gate_passed: str) -> list[Sample]:
     """Whether the active service runs the release the head's gate last passed: the unit and environments its start
     recorded (``started_from``'s first line) are those of the gate's record (``gate_passed``: "unit"). A restart by
@@ -323,6 +336,8 @@ def collect(config: dict, run: Run = subprocess.run, now: Callable[[], float] = 
         sources.append(("service", lambda: service_samples(run, config["service"])))
     if config.get("switch_marker"):
         sources.append(("switch", lambda: switch_samples(config["switch_marker"], now())))
+    if config.get("endpoint_closed_flag"):  # heads with an endpoint
+        sources.append(("endpoint", lambda: endpoint_samples(config["endpoint_closed_flag"])))
     if config.get("service") and config.get("gate_passed") and config.get("started_from"):  # heads
         sources.append(("gated", lambda: gated_samples(run, config["service"], config["started_from"],
                                                        config["gate_passed"])))

@@ -198,13 +198,20 @@ def test_a_converge_killed_between_restart_and_gate_leaves_the_door_closed_and_t
         os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed between restart and gate"
     assert on_node(node, f"test -e {flag}").returncode == 0, "the door opened before any gate"
-    not_gated = f"grep -qx 'inference_nodes_serving_release_gated 0' {textfile}"
+    # the killed converge's switch marker is a lease (service_switch_lease_s from its last renewal), not the whole
+    # switch's bound: the alerts it mutes (InferenceServiceDown, EndpointClosed) speak within minutes
+    marker = json.loads(on_node(node, "cat /var/lib/inference-nodes/grandpa.switching.json").stdout)
+    assert marker["until"] - time.time() <= 300 + 5, marker  # the default lease (the old bound: 900 + 120 + 600 s)
+    not_gated = (f"grep -qx 'inference_nodes_serving_release_gated 0' {textfile} && "
+                 f"grep -qx 'inference_nodes_endpoint_closed 1' {textfile}")  # the door shut, for EndpointClosed
     deadline = time.monotonic() + 300  # once the service is active again, the metrics timer (5 s) says so
     while on_node(node, not_gated).returncode != 0:
-        assert time.monotonic() < deadline, on_node(node, f"grep gated {textfile}").stdout
+        assert time.monotonic() < deadline, on_node(node, f"grep -e gated -e endpoint_closed {textfile}").stdout
         time.sleep(3)
     pyinfra(INVENTORY, "deploys/all.py", *change)  # the same converge again: it gates what runs
     assert on_node(node, f"test -e {flag}").returncode != 0, "the door stayed closed after the gate passed"
+    assert on_node(node, f"grep -qx 'inference_nodes_endpoint_closed 0' {textfile} || "
+                         f"{{ sleep 10; grep -qx 'inference_nodes_endpoint_closed 0' {textfile}; }}").returncode == 0
     assert on_node(node, f"grep -qx 'inference_nodes_serving_release_gated 1' {textfile} || "
                          f"{{ sleep 10; grep -qx 'inference_nodes_serving_release_gated 1' {textfile}; }}").returncode == 0
     pyinfra(INVENTORY, "deploys/all.py", "--limit", node)  # back to the inventory's unit (another switch)

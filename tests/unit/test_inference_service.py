@@ -517,5 +517,55 @@ def test_the_switch_marker_is_json_with_its_bound_from_the_nodes_clock(tmp_path)
         "mkdir -p /var/lib/inference-nodes", f"mkdir -p {tmp_path}")
     subprocess.run(["sh", "-c", command], check=True)
     until = json.loads((tmp_path / "m.json").read_text())["until"]
-    bound = cfg.service_ready_timeout_sec + cfg.endpoint_drain_s + 600
-    assert abs(until - (time.time() + bound)) < 5
+    assert abs(until - (time.time() + cfg.service_switch_lease_s)) < 5  # a lease, renewed while the converge waits
+    longer = switch_marker_command(cfg, 120).replace(path, str(tmp_path / "m.json")).replace(
+        "mkdir -p /var/lib/inference-nodes", f"mkdir -p {tmp_path}")
+    subprocess.run(["sh", "-c", longer], check=True)  # a drain ahead, which cannot renew it while it runs
+    until = json.loads((tmp_path / "m.json").read_text())["until"]
+    assert abs(until - (time.time() + cfg.service_switch_lease_s + 120)) < 5
+
+
+@pytest.mark.parametrize("answers, bound, said", [
+    ([(0, 0)], 5, ("0", 1)),  # nothing held: done after the grace
+    ([(1, 0), (0, 1), (0, 1), (0, 0)], 10, ("0", 4)),  # a waiting request counts as much as a running one
+    (["fail", "fail", (0, 0)], 10, ("0", 3)),  # a failed read is no zero: read again
+    (["fail"], 3, ("?", 3)),  # never read: unknown at the bound
+    ([(2, 0)], 3, ("2", 3)),  # still held at the bound
+])
+def test_the_drain_counts_running_and_waiting_requests_and_a_failed_read_is_unknown(answers, bound, said):
+    """N2/M1: the drain waits for vLLM's running *and* waiting requests, from a short grace after the door closed;
+    a /metrics read that fails is read again, and reported as unknown (`?`) when none succeeded by the bound."""
+    import http.server
+    import subprocess
+    import threading
+
+    from deploys.service.door import DRAIN
+
+    queue = list(answers)
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            answer = queue.pop(0) if len(queue) > 1 else queue[0]
+            if answer == "fail":
+                self.send_response(500)
+                self.end_headers()
+                return
+            running, waiting = answer
+            body = ("# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n"
+                    f'vllm:num_requests_running{{model_name="m"}} {running}.0\n'
+                    f'vllm:num_requests_waiting{{model_name="m"}} {waiting}.0\n')
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = subprocess.run(["python3", "-c", DRAIN, f"http://127.0.0.1:{server.server_address[1]}/metrics", str(bound)],
+                             capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    finally:
+        server.shutdown()
+    assert out[0] == said[0] and abs(int(out[1]) - said[1]) <= 1, out

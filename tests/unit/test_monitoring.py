@@ -61,6 +61,7 @@ HEALTHY = [  # a serving head: every series the rules read, at good values (one 
     (f'vllm:kv_cache_usage_perc{{job="vllm",{L}}}', "0.3x20"),
     (f'inference_nodes_serving_gate_ok{{job="node",{L}}}', "1x20"),
     (f'inference_nodes_serving_release_gated{{job="node",{L}}}', "1x20"),
+    (f'inference_nodes_endpoint_closed{{job="node",{L}}}', "0x20"),
     (f'inference_nodes_gpu_query_ok{{job="node",{L}}}', "1x20"),
     (f'inference_nodes_gpu_xid_errors{{job="node",kind="hardware",{L}}}', "0x20"),
     (f'inference_nodes_gpu_xid_errors{{job="node",kind="other",{L}}}', "0x20"),
@@ -90,6 +91,7 @@ BROKEN = {
     "InferenceNotGenerating": ({f'vllm:generation_tokens_total{{job="vllm",{L}}}': "0+600x5 3000x15"}, 10, 6, {}),
     "KvCacheHigh": ({f'vllm:kv_cache_usage_perc{{job="vllm",{L}}}': "0.3 0.3 0.97x18"}, 4, 2, {"job": "vllm"}),
     "RequestsWaitingLong": ({f'vllm:num_requests_waiting{{job="vllm",{L}}}': "0 0 4x18"}, 5, 3, {"job": "vllm"}),
+    "EndpointClosed": ({f'inference_nodes_endpoint_closed{{job="node",{L}}}': "0 0 1x18"}, 4, 2, {"job": "node"}),
     "ServingGateFailed": ({f'inference_nodes_serving_gate_ok{{job="node",{L}}}': "1 1 0x18"}, 2, 1, {"job": "node"}),
     "ReleaseNotGated": ({f'inference_nodes_serving_release_gated{{job="node",{L}}}': "1 1 0x18"}, 5, 3, {"job": "node"}),
     "DeepVerifyBad": ({f'inference_nodes_deep_verify_ok{{job="node",{L}}}': "1 1 0x18"}, 2, 1, {"job": "node"}),
@@ -402,6 +404,28 @@ def test_a_service_down_during_a_converges_switch_is_planned_work_and_one_alert_
               {"eval_time": "10m", "alertname": "InferenceServiceDown",
                "exp_alerts": [{"exp_labels": labels, "exp_annotations": {"summary": _summary("InferenceServiceDown", me,
                                                                                                 labels)}}]}]
+    out = _run_promtool_test(promtool, tmp_path, me, series, checks)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_door_shut_with_no_switch_in_progress_pages_and_a_switch_keeps_it_quiet(promtool, tmp_path):
+    """N2: the endpoint's door closes with the switch marker already written (quiet while the converge drains,
+    restarts and gates); a converge stopped there leaves the door shut, and once its marker's lease passed with no
+    renewal, EndpointClosed pages after `alert_for_s`. A door that closes and opens within a switch never pages."""
+    me = _me()
+    stopped = {f'inference_nodes_endpoint_closed{{job="node",{L}}}': "0 1x19",
+               f'inference_nodes_switch_in_progress{{job="node",{L}}}': "0 1 1 1 1 0x15"}
+    series = [(s, stopped.get(s, v)) for s, v in HEALTHY]
+    labels = {**N, "job": "node", "severity": "critical"}
+    checks = [{"eval_time": f"{m}m", "alertname": "EndpointClosed", "exp_alerts": []} for m in (2, 4, 5)]
+    checks += [{"eval_time": "7m", "alertname": "EndpointClosed", "exp_alerts": [
+        {"exp_labels": labels, "exp_annotations": {"summary": _summary("EndpointClosed", me, labels)}}]}]
+    out = _run_promtool_test(promtool, tmp_path, me, series, checks)
+    assert out.returncode == 0, out.stdout + out.stderr
+    switched = {f'inference_nodes_endpoint_closed{{job="node",{L}}}': "0 1 1 1 0x16",
+                f'inference_nodes_switch_in_progress{{job="node",{L}}}': "0 1 1 1 1 0x15"}
+    series = [(s, switched.get(s, v)) for s, v in HEALTHY]
+    checks = [{"eval_time": f"{m}m", "alertname": "EndpointClosed", "exp_alerts": []} for m in range(1, 20, 2)]
     out = _run_promtool_test(promtool, tmp_path, me, series, checks)
     assert out.returncode == 0, out.stdout + out.stderr
 

@@ -458,3 +458,19 @@ def test_a_converges_switch_marker_counts_until_its_bound(node, tmp_path):
     assert value(collect(node), "switch_in_progress") == 1
     marker.write_text(json.dumps({"until": NOW - 1}))  # a killed converge's marker, past its bound
     assert value(collect(node), "switch_in_progress") == 0
+
+
+def test_the_endpoints_door_is_exported_while_its_flag_exists_with_its_time(node, tmp_path):
+    """N2: a door shut by a converge that was stopped is visible (EndpointClosed reads it); a head without an
+    endpoint, or a worker, has no such series."""
+    import os
+
+    assert "endpoint_closed" not in names(collect(node))  # no endpoint here
+    flag = tmp_path / "grandpa.closed"
+    node["endpoint_closed_flag"] = str(flag)
+    assert value(collect(node), "endpoint_closed") == 0
+    assert "endpoint_closed_since_seconds" not in names(collect(node))
+    flag.touch()
+    os.utime(flag, (NOW - 300, NOW - 300))
+    assert value(collect(node), "endpoint_closed") == 1
+    assert value(collect(node), "endpoint_closed_since_seconds") == NOW - 300
