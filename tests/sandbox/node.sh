@@ -400,6 +400,7 @@ running() { local pid; pid=$(cat "$SANDBOX_DIR/run/$1/pid" 2>/dev/null) && kill 
 up() {
   local name=$1 port=$2 gpus=${3:-1} fabric=${4:--} driver=${5:--} run=$SANDBOX_DIR/run/$1 root=$SANDBOX_DIR/nodes/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
   if running "$name"; then log "$name already running"; return; fi
+  clear_cgroup "$cg" || return 1
   deps; build; sshkey; standins; registry; vllm_image; hub
   rm -rf "$root" "$run"; mkdir -p "$root" "$run"
   tar -C "$root" -xf "$TAR"
@@ -487,6 +488,21 @@ SUP
 
 cgprocs() { [ -d "$1" ] && find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null; true; }
 
+# A node's cgroup subtree serves one node's life. One left by an earlier node of the same name (killed, its processes
+# not yet gone when it was torn down) hands the new node's systemd cgroups already used: the pair's first start was
+# SIGKILLed as it began, its unit "consumed" the old vLLM's CPU time (about one run in three). Kill what is left and
+# remove the subtree, bottom up, until it is gone; fail naming it when it will not go.
+clear_cgroup() {
+  local cg=$1 tries=0
+  while [ -d "$cg" ]; do
+    [ -z "$(cgprocs "$cg")" ] || echo 1 > "$cg/cgroup.kill" 2>/dev/null || true
+    find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    [ -d "$cg" ] || break
+    (( tries++ < 120 )) || { log "$cg: left by an earlier node, will not go ($(cgprocs "$cg" | wc -l) process(es) in it)"; return 1; }
+    sleep 0.5
+  done
+}
+
 down() {
   local name=$1 run=$SANDBOX_DIR/run/$1 cg=/sys/fs/cgroup/unified/inference-nodes-$1
   ssh -F "$SSHCFG" -O exit "$name" >/dev/null 2>&1 || true
@@ -494,11 +510,7 @@ down() {
     kill -TERM "$(cat "$run/pid")"                       # nspawn halts the node cleanly
     for _ in $(seq 60); do running "$name" || break; sleep 0.5; done
   fi
-  if [ -n "$(cgprocs "$cg")" ]; then                     # halt hung (or FAST_DOWN): kill every process of the node
-    echo 1 > "$cg/cgroup.kill"
-    for _ in $(seq 40); do [ -z "$(cgprocs "$cg")" ] && break; sleep 0.25; done
-  fi
-  [ -d "$cg" ] && { find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true; }
+  clear_cgroup "$cg" || true                             # halt hung (or FAST_DOWN): kill every process of the node
   rm -rf "/run/systemd/nspawn/propagate/$name" "$run" "$SANDBOX_DIR/nodes/$name"
   write_sshcfg
   log "$name down"
