@@ -40,6 +40,11 @@ def uses_sudo(host) -> bool:
     return bool(host.state.config.SUDO if value is _UNSET else value)
 
 
+def sudo_args(host) -> dict:
+    """The `_sudo` argument of a command the toolkit runs on ``host`` outside an operation (``run_on``)."""
+    return {"_sudo": True} if uses_sudo(host) else {}
+
+
 _UNSET = object()
 
 
@@ -51,7 +56,7 @@ def shown(command: StringCommand) -> FunctionCommand:
 
 
 def _shown(state, host, command: StringCommand) -> bool:
-    ok, _ = run_on(host, command, print_output=True, **({"_sudo": True} if uses_sudo(host) else {}))
+    ok, _ = run_on(host, command, print_output=True, **sudo_args(host))
     return ok
 
 

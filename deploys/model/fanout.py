@@ -37,7 +37,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 from deploys.run.reads import operation, read, run_on
 from deploys.inventory import inventory_configs, node_config
 from deploys.model.push import push_from_control
-from deploys.ops import fail_host, upload_private, uses_sudo
+from deploys.ops import fail_host, upload_private, sudo_args
 from deploys.run.state import kept, this_run
 from deploys.schema import NodeConfig
 from facts.model import SeedDaemon
@@ -264,7 +264,7 @@ def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str) 
     else:
         cfg = node_config(host)
         address, port = peer_endpoint(peer)
-        sudo = {"_sudo": True} if uses_sudo(host) else {}
+        sudo = sudo_args(host)
         password = f"{SEED_DIR}/password-{hashlib.sha256(source.encode()).hexdigest()[:16]}"  # no name in a path
         url = f"rsync://{SEED_USER}@{f'[{address}]' if ':' in address else address}:{port}/model/"
         dest = cfg.model_dir

@@ -8,7 +8,7 @@ import posixpath
 from pyinfra import logger
 from pyinfra.api import QuoteString, StringCommand
 
-from deploys.ops import uses_sudo
+from deploys.ops import sudo_args
 from deploys.run.reads import run_on
 from deploys.schema import NodeConfig
 from deploys.serving_gate import api_url
@@ -36,7 +36,7 @@ DRAIN = ("import sys, time, urllib.request as u\n"
 
 def drain(state, host, cfg: NodeConfig) -> bool:
     ok, out = run_on(host, StringCommand("python3", "-c", QuoteString(DRAIN), f"{api_url(cfg)}/metrics",
-                                         str(cfg.endpoint_drain_s)), **({"_sudo": True} if uses_sudo(host) else {}))
+                                         str(cfg.endpoint_drain_s)), **sudo_args(host))
     left, waited = (out.stdout.split() + ["?", "?"])[:2] if ok else ("?", "?")
     host.log_styled("closed the endpoint to new requests (JSON 503, Retry-After); " + drain_told(left, waited, cfg),
                     log_func=logger.info)

@@ -14,7 +14,7 @@ from pyinfra.facts.systemd import SystemdStatus
 
 from deploys.inventory import node_config
 from deploys.model.snapshot import GATE, STAMP
-from deploys.ops import cluster_all_here, host_failed, uses_sudo
+from deploys.ops import cluster_all_here, host_failed, sudo_args
 from deploys.run.reads import operation, read, run_on
 from deploys.run.state import kept
 from deploys.service.door import drain, switch_marker_command
@@ -88,7 +88,7 @@ def _switch_started(state, host, service: str, record: str, running: bool, head:
     marker is written, and the service (re)starts. A worker whose switch fails here tells its head (which stops
     waiting and rolls the cluster back); a head whose own start fails goes on to its wait, which sees the failed
     unit and takes the switch's failure rows (deploys/service/outcome.py): rollback, record, a failed verdict."""
-    sudo = {"_sudo": True} if uses_sudo(host) else {}
+    sudo = sudo_args(host)
     steps = ((StringCommand(GATE), "the model gate refused its snapshot"),
              (StringCommand("sh", "-c", QuoteString(f"rm -f {record} && {switch_marker_command(node_config(host))}")),
               "its gate record or switch marker could not be written"),

@@ -15,7 +15,7 @@ from pyinfra.facts.systemd import SystemdStatus
 from deploys.endpoint import closed_flag_path
 from deploys.inventory import node_config
 from deploys.model.snapshot import STAMP
-from deploys.ops import host_failed, uses_sudo
+from deploys.ops import host_failed, sudo_args
 from deploys.run.reads import operation, read, run_on
 from deploys.run.state import kept
 from deploys.schema import NodeConfig
@@ -81,7 +81,7 @@ class _Member:
 
     def __init__(self, host):
         self.host, self.cfg = host, node_config(host)
-        self.sudo = {"_sudo": True} if uses_sudo(host) else {}
+        self.sudo = sudo_args(host)
 
     def run(self, command: str) -> str:
         return run_on(self.host, StringCommand(command), **self.sudo)[1].stdout
