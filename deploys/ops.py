@@ -153,6 +153,14 @@ def _content_and_remote(src, dest: str, batch: tuple[str, ...]) -> tuple[bytes, 
     return data, read(host, ManagedFiles, paths=paths).get(dest)
 
 
+def until_marker_command(path: str, seconds: int) -> str:
+    """Shell: write ``path`` as ``{"until": <the node's clock now + seconds>}``, renamed into place: a marker that a
+    converge writes for work it may not live to finish, which stops counting by itself at its bound (the switch
+    marker, the model-upgrade marker). The path is the toolkit's own (no quoting needed); seconds an int."""
+    return (f"mkdir -p {posixpath.dirname(path)} && printf '{{\"until\": %s}}\\n' \"$(( $(date +%s) + {int(seconds)} ))\" "
+            f"> {path}.tmp && mv -f {path}.tmp {path}")
+
+
 @operation()
 def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: str = "0644",
                create_remote_dir: bool = True, batch: tuple[str, ...] = (), resets: str | None = None):

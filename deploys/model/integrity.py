@@ -18,7 +18,7 @@ from pyinfra.api import StringCommand, deploy
 
 from deploys.run.reads import expect, operation, read, service_reads
 from deploys.inventory import node_config
-from deploys.model.snapshot import MANIFEST, RECORD, STAMP, VERIFIER
+from deploys.model.snapshot import MANIFEST, RECORD, STAMP, UPGRADE_MARKER, VERIFIER
 from deploys.ops import unit_running, atomic_put
 from deploys.schema import NodeConfig
 from deploys.unit_text import command_line, unit_word
@@ -31,7 +31,7 @@ CALENDAR = {"daily": "*-*-*", "weekly": "Sun *-*-*", "monthly": "*-*-01"}
 
 def verify_argv(cfg: NodeConfig) -> list[str]:
     argv = ["/usr/bin/python3", VERIFIER, MANIFEST, cfg.snapshot_dir, "--stamp", STAMP, "--full",
-            "--record", RECORD, "--drop-cold", "--quiet"]
+            "--record", RECORD, "--drop-cold", "--quiet", "--skip-while", UPGRADE_MARKER]
     if cfg.model_deep_verify_max_mbps:
         argv += ["--max-rate", str(cfg.model_deep_verify_max_mbps)]
     if cfg.model_deep_verify_on_mismatch == "stop":
@@ -39,11 +39,9 @@ def verify_argv(cfg: NodeConfig) -> list[str]:
     return argv
 
 
-# The units' header still names this file's path before deploys/model/: other text would rewrite every node's
-# units (and reload systemd) on the next converge, so it changes with the units' next real change.
 def render_service(cfg: NodeConfig) -> str:
     return (
-        "# Managed by inference-nodes (deploys/model_integrity.py); local edits are overwritten.\n"
+        "# Managed by inference-nodes (deploys/model/integrity.py); local edits are overwritten.\n"
         "[Unit]\n"
         "Description=inference-nodes: re-hash the model snapshot against the pinned manifest\n"
         f"ConditionPathExists={MANIFEST}\n"
@@ -58,6 +56,8 @@ def render_service(cfg: NodeConfig) -> str:
     )
 
 
+# The timer's header still names this file's path before deploys/model/: other text would rewrite every node's
+# timer (and reload systemd) on the next converge, so it changes with the timer's next real change.
 def render_timer(cfg: NodeConfig) -> str:
     return (
         "# Managed by inference-nodes (deploys/model_integrity.py); local edits are overwritten.\n"

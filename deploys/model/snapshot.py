@@ -11,6 +11,7 @@ verifier (files/model_snapshot/verify_snapshot.py, stdlib only) writes the stamp
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 from io import StringIO
 
@@ -22,7 +23,7 @@ from deploys.model import fanout as model_fanout, hub as model_hub, push as mode
 from deploys.apt_state import APT_READS, apt_lists_updated
 from deploys.run.reads import expect, operation, read
 from deploys.inventory import cluster_member_names, node_config
-from deploys.ops import directory_present, file_absent, packages_installed, atomic_put, cluster_all_here, fail_host, refuse, secret_file, shown
+from deploys.ops import directory_present, file_absent, packages_installed, atomic_put, cluster_all_here, fail_host, refuse, secret_file, shown, until_marker_command
 from deploys.run.state import this_run
 from deploys.schema import NodeConfig
 from facts.host import FreeBytes, ManagedFiles, NodeResources
@@ -44,6 +45,9 @@ MANIFEST = "/etc/inference-nodes/model-manifest.json"
 STAMP = "/var/lib/inference-nodes/model-verified.json"
 RECORD = "/var/lib/inference-nodes/model-deep-verify.json"  # verdict and time of the last full re-hash
 GATE = "/usr/local/bin/inference-nodes-model-gate"
+# written before another commit's manifest is installed, removed when the node's switch ends (deploys/service/
+# switch.py): the scheduled deep verify skips while it counts (`model_upgrade_marker_h`)
+UPGRADE_MARKER = "/var/lib/inference-nodes/model-upgrade.json"
 HUB_DOWNLOAD = f"{NODE_LIB}/hub_download.py"
 HUB_TOKEN = "/etc/inference-nodes/secrets/hf-token"
 
@@ -187,6 +191,30 @@ def resources_args(cfg: NodeConfig) -> dict:
     return args if cfg.model_layout == "hf_cache" else {**args, "revision": cfg.model_revision, "stamp": STAMP}
 
 
+def upgrade_starts(installed: dict | None, manifest: bytes) -> bool:
+    """A converge starts a model upgrade on a node when it replaces the node's installed manifest with another
+    (none installed: a first sync, no release serves to protect)."""
+    return installed is not None and installed["sha1"] != hashlib.sha1(manifest).hexdigest()
+
+
+@operation()
+def upgrade_marked(manifest: str, hours: int, batch: tuple[str, ...]):
+    """Mark the node before another commit's manifest is installed: until the switch ends the manifest describes
+    files that are not serving yet, and the scheduled deep verify (deploys/model/integrity.py) would find the live
+    ones bad and stop the service. The mark holds its own bound, so a killed converge's mark stops counting.
+
+    + manifest: the local trusted manifest about to be installed
+    + hours: the mark's bound (`model_upgrade_marker_h`)
+    + batch: the managed files read in one round trip (MANIFEST among them)
+    """
+    installed = read(host, ManagedFiles, paths=batch).get(MANIFEST)
+    with open(manifest, "rb") as f:
+        if not upgrade_starts(installed, f.read()):
+            host.noop("no other commit's manifest to install")
+            return
+    yield StringCommand("sh", "-c", QuoteString(until_marker_command(UPGRADE_MARKER, hours * 3600)))
+
+
 @operation()
 def cluster_model_changes_whole(cluster: str, members: list[str], held: str | None, revision: str):
     """A multi-node cluster on the `plain` layout changes its model commit as one: the sync rewrites the directory
@@ -228,6 +256,8 @@ def model_snapshot():
         atomic_put(batch=batch, name=f"Install the snapshot verifier ({name})",
                   src=helper_path(f"model_snapshot/{name}"), dest=dest, user="root", group="root",
                   mode="0755" if dest == VERIFIER else "0644", create_remote_dir=True)
+    upgrade_marked(name="Mark a model upgrade in progress (the scheduled deep verify waits for the switch)",
+                   manifest=cfg.model_manifest, hours=cfg.model_upgrade_marker_h, batch=batch)
     atomic_put(batch=batch, name="Install the trusted manifest", src=cfg.model_manifest, dest=MANIFEST,
               user="root", group="root", mode="0644", create_remote_dir=True)
     directory_present(name="Create the verify stamp directory", path=posixpath.dirname(STAMP),

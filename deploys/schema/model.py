@@ -97,6 +97,12 @@ class ModelKeys(ComponentKeys):
         "class does nothing under the `none` scheduler NVMe uses). 160 GB take ~5.5 min at 500. `null`: uncapped",
         ge=10, le=100_000,
     )
+    model_upgrade_marker_h: int = _key(
+        12, description="a converge that installs another commit's manifest marks the node (`/var/lib/inference-nodes/"
+        "model-upgrade.json`) until its switch ends, and the scheduled deep verify skips its run while the mark counts "
+        "(the live files are not the new manifest's yet); a converge killed before its switch stops it counting this "
+        "many hours after it was written", ge=1, le=168,
+    )
     model_deep_verify_on_mismatch: Literal["stop", "keep_serving"] = _key(
         "stop",
         description="a bad file found by the deep verify (it is named in the journal and the stamp removed): `stop` "

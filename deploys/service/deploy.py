@@ -22,7 +22,7 @@ from deploys.service.launch_check import args_check_command, vllm_accepts
 from deploys.service.prune import prune_reads, releases_pruned
 from deploys.service.release import gate_record_path, release_of
 from deploys.service.restart import cluster_changes_whole, endpoint_closed_for_the_switch, service_current
-from deploys.service.switch import service_serving
+from deploys.service.switch import service_serving, switch_leftovers
 from deploys.service.unit import (
     ARGS_CHECK,
     JOB_PROBE,
@@ -59,7 +59,7 @@ def inference_service():
             (Sha256File, {"path": unit_path}), *follow_up_reads(QUADLET_STAMP), (SystemdStatus, {"services": [service]}),
             (ServiceStartedFrom, {"record": started, "stamp": STAMP}),
             *([(GatePassed, {"record": gate_record_path(cfg), "service": service})] if cfg.is_head else []),
-            *([(ExistingPaths, {"paths": (closed_flag_path(cfg),)})] if cfg.is_head and cfg.endpoint_enabled else []),
+            (ExistingPaths, {"paths": switch_leftovers(cfg, cfg.is_head)}),
             (ReleasesOnDisk, prune_reads(cfg))])
     atomic_put(batch=batch, name="Install the RoCE GID lookup", src=helper_path("inference_service/roce_gid.py"),
               dest=ROCE_HELPER, user="root", group="root", mode="0755", create_remote_dir=True)

@@ -3,12 +3,10 @@ flight finish; the switch marker tells the node's metrics the restart is planned
 
 from __future__ import annotations
 
-import posixpath
-
 from pyinfra import logger
 from pyinfra.api import QuoteString, StringCommand
 
-from deploys.ops import sudo_args
+from deploys.ops import sudo_args, until_marker_command
 from deploys.run.reads import run_on
 from deploys.schema import NodeConfig
 from deploys.serving_gate import api_url
@@ -65,7 +63,4 @@ def switch_marker_path(cfg: NodeConfig) -> str:
 def switch_marker_command(cfg: NodeConfig, longer_s: int = 0) -> str:
     """Shell: write (or renew) the switch marker, counting `service_switch_lease_s` plus ``longer_s`` from now (a step
     that cannot renew it while it runs, a drain or a gate, asks for its own bound on top)."""
-    bound = cfg.service_switch_lease_s + longer_s
-    path = switch_marker_path(cfg)
-    return (f"mkdir -p {posixpath.dirname(path)} && printf '{{\"until\": %s}}\\n' \"$(( $(date +%s) + {bound} ))\" "
-            f"> {path}.tmp && mv -f {path}.tmp {path}")
+    return until_marker_command(switch_marker_path(cfg), cfg.service_switch_lease_s + longer_s)

@@ -14,7 +14,7 @@ from pyinfra.facts.systemd import SystemdStatus
 
 from deploys.endpoint import closed_flag_path
 from deploys.inventory import node_config
-from deploys.model.snapshot import STAMP
+from deploys.model.snapshot import STAMP, UPGRADE_MARKER
 from deploys.ops import host_failed, sudo_args
 from deploys.run.reads import operation, read, run_on
 from deploys.run.state import kept
@@ -125,14 +125,15 @@ def _rollback(me: _Member, workers: list[_Member], good: dict, release: dict, pr
 
 
 def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: str, workers: tuple[str, ...]) -> bool:
-    """``_switch_ends``, then the node's switch marker goes (a head's: its workers' too), whatever the outcome."""
+    """``_switch_ends``, then the node's switch and model-upgrade markers go (a head's: its workers' too), whatever
+    the outcome."""
     try:
         return _switch_ends(state, host, head, model, release, record, workers)
     finally:
         for h in [host, *(state.inventory.get_host(name) for name in workers)]:
             if h is host or (h in state.active_hosts or h in state.failed_hosts):
                 member = _Member(h)
-                member.ok(f"rm -f {switch_marker_path(member.cfg)}")
+                member.ok(f"rm -f {switch_marker_path(member.cfg)} {UPGRADE_MARKER}")
 
 
 def _switch_ends(state, host, head: bool, model: str, release: dict, record: str, workers: tuple[str, ...]) -> bool:
@@ -267,18 +268,25 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
     running = read(host, SystemdStatus, services=[service]).get(service)
     start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
     current = restart_reason(running, start, fingerprint) is None
-    if not head and current:
-        host.noop(f"{service} runs the rendered launch (its head's gate checks the job)")
-        return
     if head:
-        passed = read(host, GatePassed, record=record, service=service)
-        last = passed["release"] or {}
-        if current and last.get("release") == release["release"]:
-            cfg = node_config()
-            flag = closed_flag_path(cfg)
-            if cfg.endpoint_enabled and read(host, ExistingPaths, paths=(flag,)):  # killed after the gate: open now
-                yield StringCommand("rm", "-f", flag)
-                return
-            host.noop(f"{service} passed the serving gate for release {release['release']} at {last.get('passed_at')}")
-            return
-    yield FunctionCommand(_wait_and_gate, (head, model, release, record, workers), {})
+        last = read(host, GatePassed, record=record, service=service)["release"] or {}
+        done = current and last.get("release") == release["release"]
+    else:
+        done = current
+    if not done:
+        yield FunctionCommand(_wait_and_gate, (head, model, release, record, workers), {})
+        return
+    # no switch to make: what one leaves until it ends goes now (a converge killed after the gate, or one that
+    # installed another commit's manifest and then the same again: nothing to switch to)
+    if left := read(host, ExistingPaths, paths=switch_leftovers(node_config(), head)):
+        yield StringCommand("rm", "-f", *left)
+    elif head:
+        host.noop(f"{service} passed the serving gate for release {release['release']} at {last.get('passed_at')}")
+    else:
+        host.noop(f"{service} runs the rendered launch (its head's gate checks the job)")
+
+
+def switch_leftovers(cfg: NodeConfig, head: bool) -> tuple[str, ...]:
+    """What a switch leaves on a node until it ends (``_wait_and_gate``): the model-upgrade mark, and a head's closed
+    endpoint flag."""
+    return (UPGRADE_MARKER, *((closed_flag_path(cfg),) if head and cfg.endpoint_enabled else ()))

@@ -299,6 +299,19 @@ def gate(manifest_path: str, root: str, stamp_path: str | None = None) -> tuple[
     return True, f"model snapshot {root} verified against {digest} ({len(manifest['files'])} files)"
 
 
+def marker_in_force(path: str, now: float | None = None) -> float | None:
+    """The end time of a bounded marker (``{"until": epoch}``) that still counts, else None: absent, expired or
+    unreadable (a marker that cannot be read mutes nothing)."""
+    try:
+        with open(path) as f:
+            until = json.load(f).get("until")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(until, bool) or not isinstance(until, (int, float)):
+        return None
+    return float(until) if (time.time() if now is None else now) < until else None
+
+
 def stop_service(unit: str) -> None:
     """The deep verify's mismatch policy `stop`: the service no longer serves from a bad snapshot."""
     proc = subprocess.run(["systemctl", "stop", unit], capture_output=True, text=True)
@@ -322,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-rate", type=float, metavar="MB_S", help="cap the read rate (MB/s, all threads)")
     ap.add_argument("--drop-cold", action="store_true", help="drop files that were not cached once hashed")
     ap.add_argument("--stop-service", metavar="UNIT", help="on a bad verdict, `systemctl stop UNIT`")
+    ap.add_argument("--skip-while", metavar="MARKER", help="exit 0 and touch nothing while MARKER ({\"until\": "
+                    "epoch}) counts: a converge is upgrading the model, the manifest is not the live files' yet")
     ap.add_argument("--check-only", action="store_true", help="write and delete nothing (audits)")
     ap.add_argument("--plan", action="store_true", help="write, delete and hash nothing: what the stamp and the file "
                     "set say (a converge's plan)")
@@ -339,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
         for why in refused:
             print(f"verify: refused to delete {why}", file=sys.stderr)
         return 1 if refused else 0
+    if args.skip_while and (until := marker_in_force(args.skip_while)):
+        print(f"verify: skipped: a converge is upgrading this node's model ({args.skip_while} counts until "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(until))}); nothing was checked or written",
+              file=sys.stderr)
+        return 0
     try:
         if args.link_from:
             paths = [e["path"] for e in read_manifest(args.manifest)["files"]]

@@ -10,7 +10,6 @@ by the next converge) or by a forced full re-hash under the running service, and
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -357,6 +356,8 @@ FLIP = ("python3 -c 'import os, sys; p = os.path.realpath(sys.argv[1]); st = os.
         "os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns)); st2 = os.stat(p); "
         "assert (st2.st_size, st2.st_mtime_ns, st2.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)' {}")
 DEEP_VERIFY = "inference-nodes-model-verify.service"
+UPGRADE_MARKER = "/var/lib/inference-nodes/model-upgrade.json"
+UPGRADE_MARK = "Model snapshot | Mark a model upgrade in progress (the scheduled deep verify waits for the switch)"
 RECORD = "/var/lib/inference-nodes/model-deep-verify.json"
 
 
@@ -466,6 +467,17 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     # the failed release moves sandbox-a's API too (its own port: `--data` would set every node's, and the nodes share
     # this machine's network)
     moved = inventory_copy(tmp_path, ('_node("sandbox-a", 2201, api_port=8101,', '_node("sandbox-a", 2201, api_port=8104,'))
+    # the model step first, alone (in a lab: a download of hours): the node is marked as upgrading before the new
+    # manifest is installed, and the deep verify its timer starts meanwhile yields (issue 52 slice 1; unmarked, it
+    # would judge the live files by the new manifest, record them bad and stop the service)
+    pid = main_pid(node)
+    staged = pyinfra("--json", INVENTORY, "deploys.model.snapshot.model_snapshot", *broken)
+    assert UPGRADE_MARK in [name for name, _ in changed_operations(staged)], changed_operations(staged)
+    record = on_node(node, f"cat {RECORD}").stdout  # (the sync's own verdict, about the new commit: slice 2's work)
+    assert on_node(node, f"systemctl start {DEEP_VERIFY}").returncode == 0
+    journal = on_node(node, f"journalctl -u {DEEP_VERIFY} --no-pager -n 20").stdout
+    assert "verify: skipped: a converge is upgrading this node's model" in journal, journal
+    assert main_pid(node) == pid and on_node(node, f"cat {RECORD}").stdout == record, "the deep verify judged the live files"
     with EndpointClient(node) as client:  # a LAN client through the switch: never a wrong answer
         converge = pyinfra(moved, "deploys/all.py", *broken, check=False)
         time.sleep(3)
@@ -478,6 +490,7 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     assert converge.returncode == 1, converge.stderr[-3000:]
     assert "which failed too" not in converge.stderr, converge.stderr[-3000:]
     assert wait_ready(node, 60) >= 0, "the restored release answers on its own port (8101)"
+    assert on_node(node, f"test -e {UPGRADE_MARKER}").returncode == 1, "the switch ended: the upgrade mark went"
     # the failed release is remembered: the same converge again is refused before anything changes on the node (no
     # download, no re-hash, no restart), naming it, when and why it failed, and how to try it again
     pid = main_pid(node)

@@ -94,3 +94,20 @@ def test_a_stale_record_asks_the_converge_for_a_full_re_hash_under_the_same_cap(
     old = time.time() - max_age_s(c) - 600
     os.utime(record, (old, old))
     assert "--full" in flags()
+
+
+def test_an_upgrade_starts_where_another_commits_manifest_replaces_the_installed_one():
+    """The model-upgrade mark is written only where the converge replaces the node's manifest (a first install has
+    no live release for the deep verify to misjudge; the same manifest again is no upgrade)."""
+    import hashlib
+
+    from deploys.model.snapshot import upgrade_starts
+
+    new, old = b'{"commit": "9e16"}', b'{"commit": "7872"}'
+    installed = {"user": "root", "group": "root", "mode": 644, "sha1": hashlib.sha1(old).hexdigest()}
+    assert upgrade_starts(installed, new)
+    assert not upgrade_starts(installed, old)
+    assert not upgrade_starts(None, new)
+    assert "--skip-while" in verify_argv(cfg()) and cfg().model_upgrade_marker_h == 12
+    with pytest.raises(ValidationError, match="model_upgrade_marker_h"):
+        cfg(model_upgrade_marker_h=0)

@@ -467,3 +467,45 @@ def test_a_sync_check_of_a_new_commit_records_no_verdict_about_the_live_release(
     _flip_keeping_stat(blob, os.path.getsize(blob) // 2)
     assert subprocess.run([*base, "--sync-check", snap["manifest_path"], snap["dir"]], capture_output=True).returncode == 1
     assert json.loads(record.read_text())["verdict"] == "bad"
+
+
+def test_the_deep_verify_skips_while_a_converge_upgrades_and_verifies_once_the_mark_stops_counting(snap, tmp_path):
+    """Issue 52 slice 1: between the install of another commit's manifest and the switch, the deep verify (the
+    timer's own command line) would find the live files bad against it and stop the service. While the converge's
+    upgrade mark counts it exits 0 and writes nothing; an expired or unreadable mark mutes nothing."""
+    from deploys.inventory import inventory_configs, load_inventory
+    from deploys.model.integrity import verify_argv
+    from deploys.model.snapshot import MANIFEST, RECORD, STAMP, UPGRADE_MARKER
+    from deploys.ops import until_marker_command
+    from tests.unit.profiles import lab_filled_in
+
+    cfg = inventory_configs(load_inventory(lab_filled_in(str(tmp_path))))["rtx-pro-a.lab.example"]
+    record, marker = tmp_path / "record.json", tmp_path / "model-upgrade.json"
+    places = {MANIFEST: str(tmp_path / "new.json"), STAMP: snap["stamp"], RECORD: str(record),
+              UPGRADE_MARKER: str(marker), cfg.snapshot_dir: snap["dir"], "/usr/bin/python3": sys.executable,
+              "/usr/local/lib/inference-nodes/verify_snapshot.py": VERIFIER}
+    argv = [places.get(a, a) for a in verify_argv(cfg) if a != "--stop-service" and not a.endswith(".service")]
+    assert "--skip-while" in argv and str(marker) in argv
+    live = [sys.executable, VERIFIER, snap["manifest_path"], snap["dir"], "--stamp", snap["stamp"], "--full",
+            "--record", str(record), "--quiet"]
+    assert subprocess.run(live, capture_output=True).returncode == 0
+    stamp, recorded = open(snap["stamp"], "rb").read(), record.read_bytes()
+    # the converge installed the new commit's manifest (its files are not the live ones) and marked the node
+    (tmp_path / "new.json").write_text(json.dumps(dict(snap["manifest"], commit="9e165c30e2704aec5d9d593cce3eebd58bbef1cb",
+                                                       files=snap["manifest"]["files"][1:])))
+    write = until_marker_command(UPGRADE_MARKER, 3600).replace(UPGRADE_MARKER, str(marker)).replace(
+        "mkdir -p /var/lib/inference-nodes", f"mkdir -p {tmp_path}")
+    subprocess.run(["sh", "-c", write], check=True)
+    assert abs(json.loads(marker.read_text())["until"] - (time.time() + 3600)) < 5
+    skipped = subprocess.run(argv, capture_output=True, text=True)
+    assert skipped.returncode == 0, skipped.stderr
+    assert "verify: skipped: a converge is upgrading this node's model" in skipped.stderr
+    assert open(snap["stamp"], "rb").read() == stamp and record.read_bytes() == recorded, "the skipped run wrote"
+    # a mark that cannot be read, or whose bound passed (a killed converge's), mutes nothing: today's verdict
+    for mark in ("not json", '{"until": "soon"}', '{"until": true}', json.dumps({"until": time.time() - 1})):
+        marker.write_text(mark)
+        found = subprocess.run(argv, capture_output=True, text=True)
+        assert found.returncode == 1 and "skipped" not in found.stderr, (mark, found.stderr)
+        assert json.loads(record.read_text())["verdict"] == "bad" and not os.path.exists(snap["stamp"])
+        record.write_bytes(recorded)
+        open(snap["stamp"], "wb").write(stamp)
