@@ -17,7 +17,7 @@ from pyinfra.facts.files import Directory, File, FileContents, Link
 from deploys.inventory import node_config
 from facts.apt import AptHolds, KeyringFingerprints
 from files import helper_text
-from facts.host import ManagedFiles
+from facts.host import ManagedFiles, SystemdNeedsReload
 from deploys.run.reads import operation, read, run_on, unit_state
 
 
@@ -325,6 +325,19 @@ def directory_present(path: str, user: str = "root", group: str = "root", mode: 
         yield StringCommand("chmod", mode, QuoteString(path))
     if info is not None and (info["user"], info["group"], info["mode"]) == (user, group, int(mode)):
         host.noop(f"{path} is a directory ({user}:{group} {mode})")
+
+
+@operation()
+def units_loaded(units: list[str]):
+    """Reload systemd when any of ``units`` changed on disk since it was loaded (systemd's own
+    NeedDaemonReload): decided from state, so a run killed after writing a unit still reloads next time.
+
+    + units: unit names
+    """
+    if not read(host, SystemdNeedsReload, units=tuple(units)):
+        host.noop(f"systemd has loaded {', '.join(units)} as they are on disk")
+        return
+    yield StringCommand("systemctl", "daemon-reload")
 
 
 @operation()

@@ -19,7 +19,7 @@ from deploys import apt_state, container_runtime, endpoint, host_tuning, nvidia_
 from deploys.monitoring import host as mon_host, node as mon_node
 from deploys.model import integrity as model_integrity, snapshot as model_snapshot
 from deploys.inventory import LimitError, limited_hosts, load_inventory
-from deploys.service import unit as service_unit
+from deploys.service import backoff as service_backoff, unit as service_unit
 from deploys.schema import InventoryValidationError, NodeConfig, cluster_of, validate_inventory
 from deploys.schema.control_readers import read_clients
 
@@ -43,6 +43,8 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: li
         f"{service_unit.UNIT_DIR}/{cfg.container_name}.container":
             service_unit.render_container(cfg, head, nodes, members),
         service_unit.service_env_path(cfg): service_unit.render_service_env(cfg, head, nodes),
+        f"{service_backoff.UNIT_DIR}/{service_backoff.UNIT}.service": service_backoff.render_service(cfg),
+        f"{service_backoff.UNIT_DIR}/{service_backoff.UNIT}.timer": service_backoff.render_timer(cfg),
     }
     if cfg.nvidia_driver_source == "cuda_repo":
         path = nvidia_driver.cuda_repo_path({"id": distro, "version_id": ""}, cfg.node_arch)

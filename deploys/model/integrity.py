@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from io import StringIO
 
-from pyinfra import host
-from pyinfra.api import StringCommand, deploy
+from pyinfra.api import deploy
 
-from deploys.run.reads import expect, operation, read, service_reads
+from deploys.run.reads import expect, service_reads
 from deploys.inventory import node_config
 from deploys.model.snapshot import MANIFEST, RECORD, STAMP, UPGRADE_MARKER, VERIFIER
-from deploys.ops import unit_running, atomic_put
+from deploys.ops import atomic_put, unit_running, units_loaded
 from deploys.schema import NodeConfig
 from deploys.unit_text import command_line, unit_word
 from facts.host import ManagedFiles, SystemdNeedsReload
@@ -70,19 +69,6 @@ def render_timer(cfg: NodeConfig) -> str:
         "\n[Install]\n"
         "WantedBy=timers.target\n"
     )
-
-
-@operation()
-def units_loaded(units: list[str]):
-    """Reload systemd when any of ``units`` changed on disk since it was loaded (systemd's own
-    NeedDaemonReload): decided from state, so a run killed after writing a unit still reloads next time.
-
-    + units: unit names
-    """
-    if not read(host, SystemdNeedsReload, units=tuple(units)):
-        host.noop(f"systemd has loaded {', '.join(units)} as they are on disk")
-        return
-    yield StringCommand("systemctl", "daemon-reload")
 
 
 @deploy("Model integrity")

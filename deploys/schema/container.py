@@ -149,7 +149,13 @@ class ContainerKeys(ComponentKeys):
     )
     service_timeout_stop_sec: int = _key(120, description="`TimeoutStopSec=`", ge=1, le=86400)
     service_restart_sec: int = _key(30, description="`RestartSec=`: the first delay before the service restarts "
-                                    "after any exit (it grows to 300 s over 5 restarts)", ge=0, le=86400)
+                                    "after any exit (it grows to 300 s over 5 restarts, and goes back to this once "
+                                    "the service has been healthy for `service_backoff_reset_after_s`); at least 1: "
+                                    "0 would turn the growth off and let a failing start hammer the node", ge=1, le=86400)
+    service_backoff_reset_after_s: int = _key(
+        600, description="seconds a service must run, with no automatic restart, before a timer on the node resets "
+        "its restart delay to `service_restart_sec` (systemd never does it by itself)", ge=30, le=86400,
+    )
     service_switch_lease_s: int = _key(
         300, description="how long a converge's switch marker counts (the service-down and closed-endpoint alerts stay "
         "quiet: planned work) unless the converge renews it, which it does every third of it while it waits for the "

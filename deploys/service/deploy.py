@@ -22,6 +22,7 @@ from deploys.service.launch_check import args_check_command, vllm_accepts
 from deploys.service.prune import prune_reads, releases_pruned
 from deploys.service.release import gate_record_path, release_of
 from deploys.service.restart import cluster_changes_whole, endpoint_closed_for_the_switch, service_current
+from deploys.service.backoff import backoff_reads, backoff_reset_installed
 from deploys.service.switch import service_serving, switch_leftovers
 from deploys.service.unit import (
     ARGS_CHECK,
@@ -60,7 +61,7 @@ def inference_service():
             (ServiceStartedFrom, {"record": started, "stamp": STAMP}),
             *([(GatePassed, {"record": gate_record_path(cfg), "service": service})] if cfg.is_head else []),
             (ExistingPaths, {"paths": switch_leftovers(cfg, cfg.is_head)}),
-            (ReleasesOnDisk, prune_reads(cfg))])
+            (ReleasesOnDisk, prune_reads(cfg)), *backoff_reads()])
     atomic_put(batch=batch, name="Install the RoCE GID lookup", src=helper_path("inference_service/roce_gid.py"),
               dest=ROCE_HELPER, user="root", group="root", mode="0755", create_remote_dir=True)
     atomic_put(batch=batch, name="Install its start-time wrapper",
@@ -98,5 +99,6 @@ def inference_service():
                     started_from=started, fingerprint=fp, release=release_of(cfg, fp), record=record,
                     head=cfg.is_head, workers=tuple(members[1:]) if cfg.is_head else (),
                     model=served_model_name(cfg))
+    backoff_reset_installed(cfg)
     releases_pruned(name=f"Prune releases beyond the newest {cfg.releases_kept} (model commits, images)",
                     **prune_reads(cfg))

@@ -191,6 +191,8 @@ def render_container(cfg: NodeConfig, head: NodeConfig | None = None, nodes: int
         out.append(f"# cluster launch {cluster_launch_digest(members)}: a change on any node restarts every node\n")
     out += ["[Unit]\n", f"Description=inference-nodes {cfg.cluster_name}{role}\n",
            "After=network-online.target nvidia-cdi-refresh.service\n", "Wants=network-online.target\n",
+           # restarts are never rate-limited into a unit that stays down: the growing delay paces them instead
+           "StartLimitIntervalSec=0\n",
            "\n[Container]\n", f"ContainerName={cfg.container_name}\n", f"Image={cfg.image_ref}\n",
            # pulled by digest by the container-runtime step; the unit never pulls (the write-up's Pull=always)
            "Pull=never\n", "Network=host\n"]

@@ -15,6 +15,7 @@ __all__ = [
     "nvidia_toolkit_key_fingerprint", "vllm_args_check_network", "registries", "registry_auth_file", "image_digest", "model_hub_endpoint",
     "model_control_cache", "roce_sysfs_root", "limits_memlock", "limits_nofile", "limits_host_wide", "fabric_on_one_host",
     "container_devices", "gate_kv_cache_min_tokens", "gate_kv_min_concurrency", "gate_concurrency_tokens", "service_restart_sec",
+    "service_backoff_reset_after_s",
 ]
 
 _dir = os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox")
@@ -81,6 +82,9 @@ gate_concurrency_tokens = 128
 # after a few seconds, not the write-up's 30: the node tier waits out every one. The delay still grows to
 # RestartMaxDelaySec over RestartSteps as in a lab (the rendered unit's keys are the unit tier's to check).
 service_restart_sec = 3
+# ... and the timer sets the grown delay back after 30 s of health, not a lab's 10 min (the pair's self-healing drill
+# sees it happen)
+service_backoff_reset_after_s = 30
 
 # Every profile's registry is mirrored by the local one (pull by digest goes to the mirror).
 registries = [

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from deploys.service import backoff
 from deploys.service.release import gate_record_path, release_named, release_of
 
 from deploys.service.unit import UNIT_DIR, container_argv, fingerprint, render_cluster, render_service_env, service_env_path, service_environment, started_from_path
@@ -32,6 +33,15 @@ def test_unit_installed_as_rendered(node, pytestconfig):
     f = node.host.file(f"{UNIT_DIR}/{node.cfg.container_name}.container")
     assert f.is_file and f.user == "root" and f.mode == 0o644
     assert f.content_string == _expected_unit(node, pytestconfig)
+
+
+def test_restart_backoff_reset_timer_is_installed_and_active(node):
+    """The unit heals for its whole life: the timer that sets the growing restart delay back runs (issue 51)."""
+    for suffix, render in ((".service", backoff.render_service), (".timer", backoff.render_timer)):
+        unit = node.host.file(f"{backoff.UNIT_DIR}/{backoff.UNIT}{suffix}")
+        assert unit.exists and unit.content_string == render(node.cfg), f"{backoff.UNIT}{suffix} is not the rendered one"
+    timer = node.host.service(f"{backoff.UNIT}.timer")
+    assert timer.is_enabled and timer.is_running, f"{backoff.UNIT}.timer is not enabled and active"
 
 
 def test_service_environment_only_in_a_root_only_file(node, pytestconfig):

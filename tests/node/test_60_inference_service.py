@@ -330,6 +330,15 @@ def test_a_pair_heals_itself_after_its_worker_reboots_and_after_its_head_crashes
     after_crash = _reformed(head, old, bound)
     assert container_id(worker) not in (old_worker, ""), "the worker kept its old job"
     print(f"[drill] the pair serves again {after_crash:.0f} s after its head's container was killed, with no converge")
+    # each self-heal grew its unit's restart delay; once the unit has run service_backoff_reset_after_s (30 s here)
+    # with no automatic restart, the node's timer sets the delay back (systemd never does by itself)
+    t0 = time.monotonic()
+    for node in (head, worker):
+        while on_node(node, f"systemctl show -p NRestarts --value {UNITS[node]}").stdout.strip() != "0":
+            assert time.monotonic() - t0 < 120, f"{node}: the restart backoff was not reset"
+            time.sleep(2)
+    told = on_node(head, "journalctl -u inference-nodes-backoff-reset --no-pager -o cat").stdout
+    assert f"reset the restart backoff of {UNITS[head]}: " in told, told[-2000:]
     # nothing for a converge to do afterwards: the pair runs what the inventory says
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", "gb10-dspark")) == []
 
