@@ -1,8 +1,10 @@
 """Entry point: `pyinfra -y inventories/lab.py deploys/all.py`.
 
-Order: validate -> preflight -> release asked for (not one that failed here) -> package manager (lock wait, dpkg
+Order: validate -> preflight -> release asked for (one that failed here is held back: its image, model and service
+steps skip themselves) -> package manager (lock wait, dpkg
 repair) -> NVIDIA driver -> container runtime -> host tuning -> model snapshot -> model integrity (deep verify timer) -> inference service -> endpoint (heads)
--> node metrics -> monitoring host (Prometheus and Alertmanager on the host of the group `monitoring`).
+-> node metrics -> monitoring host (Prometheus and Alertmanager on the host of the group `monitoring`) -> the held-back
+release said (the host fails).
 """
 
 from deploys.apt_state import package_manager_ready
@@ -17,7 +19,7 @@ from deploys.nvidia_driver import nvidia_driver
 from deploys.preflight import preflight
 from deploys.run.ssh_nodelay import install as ssh_without_delay
 from deploys.service.deploy import inference_service
-from deploys.service.failed_release import release_asked
+from deploys.service.failed_release import release_asked, release_held_reported
 from deploys.validate import validate
 
 ssh_without_delay()  # pyinfra has connected: each node's SSH socket sends at once from here on
@@ -34,3 +36,4 @@ inference_service()
 endpoint()
 node_metrics()
 monitoring_host()
+release_held_reported()  # last: a host whose switch was held back fails, saying why

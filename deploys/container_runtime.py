@@ -19,6 +19,7 @@ from pyinfra.facts.files import File
 
 from deploys.apt_sources import DEB_ARCH, TOOLKIT_SOURCE, toolkit_repo_uri
 from deploys.apt_state import APT_READS, apt_lists_updated
+from deploys.run.held import release_held
 from deploys.run.reads import expect, operation, read, service_reads
 from deploys.inventory import node_config
 from deploys.ops import (
@@ -269,6 +270,8 @@ def container_runtime():
                     dest=AUTH_FILE)
     else:  # credentials taken out of the inventory leave the node too (decided from the file being there)
         file_absent(name="Remove registry credentials no longer in the inventory", path=AUTH_FILE)
+    if release_held():  # the image is the release's: it stays as it is (deploys/run/held.py)
+        return
     image_present(
         name="Pull the service image by digest",
         image=cfg.image,

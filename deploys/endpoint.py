@@ -31,6 +31,7 @@ from pyinfra.facts.files import Link
 from deploys.inventory import node_config
 from deploys.ops import (atomic_put, distro_unit_masked, follow_up_done, follow_up_reads, follow_up_stamp,
                          packages_installed, secret_file, unit_running)
+from deploys.run.held import as_served
 from deploys.run.reads import expect, operation, read, service_reads, unit_state
 from deploys.schema import NodeConfig
 from deploys.schema.control_readers import read_clients
@@ -306,7 +307,7 @@ def endpoint_removed():
 @deploy("Endpoint")
 def endpoint():
     """The cluster's authenticated TLS endpoint on its head (endpoint_enabled), or none."""
-    cfg = node_config()
+    cfg = as_served(node_config())  # in front of the release that serves (one asked for may be held back)
     expect(endpoint_reads(cfg))
     batch = (*FILES, UNIT_PATH)
     if not (cfg.endpoint_enabled and cfg.is_head):

@@ -15,6 +15,7 @@ from io import StringIO
 
 from pyinfra.api import deploy
 
+from deploys.run.held import release_held
 from deploys.run.reads import expect, service_reads
 from deploys.inventory import node_config
 from deploys.model.snapshot import MANIFEST, RECORD, STAMP, UPGRADE_MARKER, VERIFIER
@@ -74,8 +75,8 @@ def render_timer(cfg: NodeConfig) -> str:
 @deploy("Model integrity")
 def model_integrity():
     cfg: NodeConfig = node_config()
-    if cfg.model_manifest is None:
-        return  # the model deploy refuses the host already
+    if cfg.model_manifest is None or release_held():
+        return  # the model deploy refuses the host already / the deep verify checks the release that serves
     units = (f"{UNIT}.service", f"{UNIT}.timer")
     batch = tuple(f"{UNIT_DIR}/{u}" for u in units)  # read in one round trip
     expect([(ManagedFiles, {"paths": batch}), (SystemdNeedsReload, {"units": units}), *service_reads(f"{UNIT}.timer")])

@@ -21,6 +21,7 @@ from pyinfra.facts.files import Directory, File
 
 from deploys.model import fanout as model_fanout, hub as model_hub, push as model_push
 from deploys.apt_state import APT_READS, apt_lists_updated
+from deploys.run.held import release_held
 from deploys.run.reads import expect, operation, read
 from deploys.inventory import cluster_member_names, node_config
 from deploys.ops import directory_present, file_absent, packages_installed, atomic_put, cluster_all_here, fail_host, refuse, secret_file, shown, until_marker_command
@@ -235,6 +236,8 @@ def cluster_model_changes_whole(cluster: str, members: list[str], held: str | No
 @deploy("Model snapshot")
 def model_snapshot():
     cfg: NodeConfig = node_config()
+    if release_held():  # the model commit is the release's: it stays as it is (deploys/run/held.py)
+        return
     if cfg.model_manifest is None:
         fail = f"{host.name}: no trusted manifest (model_manifest): generate one with `python -m " \
                f"deploys.model.manifest {cfg.model_repo} {cfg.model_revision}`, review and commit it"

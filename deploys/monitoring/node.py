@@ -25,6 +25,7 @@ from deploys.ops import (
     packages_installed,
     unit_running,
 )
+from deploys.run.held import as_served
 from deploys.run.reads import expect, operation, read, service_reads, unit_state
 from deploys.schema import NodeConfig
 from deploys.schema.monitoring import MONITORING_GROUP
@@ -211,7 +212,8 @@ def node_metrics():
     directory_present(name="The textfile collector's directory", path=TEXTFILE_DIR)
     atomic_put(name="Install the node's metrics program", src=helper_path("monitoring/node_facts.py"), dest=FACTS_PROGRAM,
                mode="0755", batch=NODE_FILES)
-    atomic_put(name="Configure the node's metrics program", src=StringIO(render_facts_config(host.name, cfg, watcher)),
+    atomic_put(name="Configure the node's metrics program",
+               src=StringIO(render_facts_config(host.name, as_served(cfg), watcher)),
                dest=FACTS_CONFIG, batch=NODE_FILES)
     units = {f"{UNIT_DIR}/{FACTS}.service": render_facts_service(), f"{UNIT_DIR}/{FACTS}.timer": render_facts_timer(cfg)}
     for path, text in units.items():

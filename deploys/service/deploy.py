@@ -16,6 +16,7 @@ from deploys.endpoint import closed_flag_path
 from deploys.inventory import cluster_member_names, node_cluster, node_config
 from deploys.model.snapshot import STAMP
 from deploys.ops import atomic_put, directory_present, follow_up_done, follow_up_reads, follow_up_stamp, secret_file
+from deploys.run.held import release_held
 from deploys.run.reads import expect
 from deploys.schema import NodeConfig
 from deploys.service.launch_check import args_check_command, vllm_accepts
@@ -47,6 +48,8 @@ from files import helper_path
 @deploy("Inference service")
 def inference_service():
     cfg: NodeConfig = node_config()
+    if release_held():  # a release that failed here: the service stays on the one it serves (deploys/run/held.py)
+        return
     cluster = node_cluster()
     head, nodes = cluster.head, cluster.size
     unit_text = render_container(cfg, head, nodes, cluster.members)

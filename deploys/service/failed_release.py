@@ -2,24 +2,28 @@
 
 When a head's serving gate fails (whatever `failed_release_policy` then does), the head writes the release that failed
 (its id, image, model commit, time and the first line of why) to ``failed_release_path`` (deploys/service/release.py)
-on itself and on each of its workers. A later converge that asks for that same release is refused on each member before anything on the node
-changes (no download, no re-hash, no restart): the node stays on what it serves and the run says it is behind its
-inventory, naming the release, when it failed and why, and how to try again (`--data retry_failed_release=true`, or a
+on itself and on each of its workers. A later converge that asks for that same release holds only the switch back on
+each member: the steps that make the release (the image pull, the model snapshot and its deep verify, the service)
+are skipped (no download, no re-hash, no restart), and everything else converges (packages, driver, limits, the
+endpoint's keys and certificate, monitoring), the endpoint and the node's metrics pointed at the release that serves.
+The run warns at once and fails the host at its end: the node stays on what it serves and is behind its inventory,
+named with the release, when it failed and why, and how to try again (`--data retry_failed_release=true`, or a
 changed inventory). The record stays while the inventory asks for other releases; a pass of the release asked for
 removes it.
 """
 
 from __future__ import annotations
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 
 from deploys.inventory import node_cluster, node_config
 from deploys.ops import fail_host
 from deploys.run.reads import operation, read
-from deploys.service.release import failed_release_path, release_named, release_of
+from deploys.run.held import hold, release_held
+from deploys.service.release import failed_release_path, gate_record_path, release_named, release_of
 from deploys.service.unit import fingerprint, render_container
-from facts.containers import JsonRecord
+from facts.containers import GatePassed, JsonRecord
 
 
 def asked_release() -> dict:
@@ -33,18 +37,29 @@ def asked_release() -> dict:
 
 @operation()
 def failed_release_not_retried(path: str, asked: dict, retry: bool):
-    """Refuse to switch to a release that failed here before (unless ``retry``). The record stays until a release
-    the inventory asks for passes the gate here (or another fails): asking for the failed one again is refused.
+    """Hold back the switch to a release that failed here before (unless ``retry``): the release's own steps skip
+    themselves (``release_held``), the rest converges, and ``release_held_told`` fails the host at the run's end. The
+    record stays until a release the inventory asks for passes the gate here (or another fails).
 
     + path: this member's failed-release record
     + asked: the release the inventory asks the cluster to serve (its head's)
     + retry: `retry_failed_release`
     """
-    refused, why = decision(host.name, read(host, JsonRecord, path=path), asked, retry)
-    if refused:
+    held, why = decision(host.name, read(host, JsonRecord, path=path), asked, retry)
+    hold(why if held else None, served_release() if held else None)
+    if held:
+        host.log_styled(f"{why.splitlines()[0]}: its switch is held back (the image, the model and the service stay as "
+                        "they are); the rest converges", log_func=logger.warning)
+    host.noop(why.splitlines()[0] if held else why)
+
+
+@operation()
+def release_held_told():
+    """At the end of a run whose switch was held back on this host: fail it, saying why and how to go on."""
+    if why := release_held():
         yield fail_host(why)
     else:
-        host.noop(why)
+        host.noop("the release asked for was not held back")
 
 
 def decision(name: str, failed: dict, asked: dict, retry: bool) -> tuple[bool, str]:
@@ -57,9 +72,17 @@ def decision(name: str, failed: dict, asked: dict, retry: bool) -> tuple[bool, s
     if retry:
         return False, f"{release_named(failed)} {when}: trying it again (retry_failed_release)"
     return True, (f"{name}: the inventory asks for {release_named(failed)}, which {when}: {failed.get('reason')}\n{name}: "
-                  "nothing changed; the node stays on the release it serves and is behind its inventory. Try the "
-                  "release again with `--data retry_failed_release=true` once what failed is fixed outside the "
-                  "inventory, or change the inventory")
+                  "its switch was held back (no image pull, model sync or restart; the rest converged); the node stays "
+                  "on the release it serves and is behind its inventory. Try the release again with `--data "
+                  "retry_failed_release=true` once what failed is fixed outside the inventory, or change the inventory")
+
+
+def served_release() -> dict:
+    """The release a head serves (the record of its last passed gate: its API among it); {} elsewhere or unknown."""
+    cfg = node_config()
+    if not cfg.is_head:
+        return {}
+    return read(host, GatePassed, record=gate_record_path(cfg), service=f"{cfg.container_name}.service")["release"] or {}
 
 
 @deploy("Release asked for")
@@ -67,3 +90,8 @@ def release_asked():
     cfg = node_config()
     failed_release_not_retried(name="Do not switch to a release that failed here", path=failed_release_path(cfg),
                                asked=asked_release(), retry=cfg.retry_failed_release)
+
+
+@deploy("Release held back")
+def release_held_reported():
+    release_held_told(name="Say that the switch was held back (a release that failed here)")

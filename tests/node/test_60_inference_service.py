@@ -366,6 +366,8 @@ FLIP = ("python3 -c 'import os, sys; p = os.path.realpath(sys.argv[1]); st = os.
         "assert (st2.st_size, st2.st_mtime_ns, st2.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)' {}")
 DEEP_VERIFY = "inference-nodes-model-verify.service"
 UPGRADE_MARKER = "/var/lib/inference-nodes/model-upgrade.json"
+LIMITS_FILE = "/etc/security/limits.d/90-inference-nodes.conf"  # deploys/host_tuning.py: no part of a release
+ENDPOINT_CONF = "/etc/inference-nodes/endpoint/nginx.conf"
 UPGRADE_MARK = "Model snapshot | Mark a model upgrade in progress (the scheduled deep verify waits for the switch)"
 RECORD = "/var/lib/inference-nodes/model-deep-verify.json"
 
@@ -500,15 +502,22 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     assert "which failed too" not in converge.stderr, converge.stderr[-3000:]
     assert wait_ready(node, 60) >= 0, "the restored release answers on its own port (8101)"
     assert on_node(node, f"test -e {UPGRADE_MARKER}").returncode == 1, "the switch ended: the upgrade mark went"
-    # the failed release is remembered: the same converge again is refused before anything changes on the node (no
-    # download, no re-hash, no restart), naming it, when and why it failed, and how to try it again
+    # the failed release is remembered: the same converge again holds only the switch back (no download, no
+    # re-hash, no restart) and converges the rest (the drift below repaired; the endpoint kept in front of the
+    # release that serves, not the failed one's port), then fails the host naming the release, when and why it
+    # failed, and how to try it again
     pid = main_pid(node)
+    assert on_node(node, f"rm {LIMITS_FILE}").returncode == 0
     again = pyinfra(moved, "deploys/all.py", *broken, check=False)
     assert again.returncode == 1, again.stderr[-3000:]
     assert f"{node}: the inventory asks for release " in again.stderr and "which failed here at " in again.stderr
     assert "failed the serving gate" in again.stderr and "--data retry_failed_release=true" in again.stderr
+    assert "its switch is held back" in again.stderr and "its switch was held back" in again.stderr
     assert "model sync" not in again.stderr and "verify:" not in again.stderr, again.stderr[-3000:]
-    assert main_pid(node) == pid, "the refused converge restarted the service"
+    assert main_pid(node) == pid, "the held-back converge restarted the service"
+    assert on_node(node, f"test -s {LIMITS_FILE}").returncode == 0, "the rest of the host did not converge"
+    upstream = on_node(node, f"grep -o '127.0.0.1:81[0-9]*' {ENDPOINT_CONF} | sort -u").stdout.split()
+    assert upstream == ["127.0.0.1:8101"], upstream
     assert f"{node}: grandpa.service answers /health but failed the serving gate: " in converge.stderr
     assert "coherence: answer:" in converge.stderr and "its journal ends:" in converge.stderr, converge.stderr[-3000:]
     assert f"{node}: rolled back: grandpa.service serves the last good release " in converge.stderr, converge.stderr[-3000:]

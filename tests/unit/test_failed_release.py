@@ -15,7 +15,7 @@ RELEASE = {"release": "5d1c0a9e8b7f6a5d", "image": "registry.example/vllm@sha256
            "model_repo": "deepseek-ai/DeepSeek-V4-Flash-0731", "model_revision": "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"}
 
 
-def test_a_failure_is_kept_with_its_first_line_and_refused_when_asked_again():
+def test_a_failure_is_kept_with_its_first_line_and_held_back_when_asked_again():
     why = "grandpa.service answers /health but failed the serving gate: coherence: answer: 'zq'; its journal ends:\nline"
     record = failure_record(RELEASE, why)
     assert record["reason"] == why.splitlines()[0] and record["release"] == RELEASE["release"]
@@ -24,6 +24,7 @@ def test_a_failure_is_kept_with_its_first_line_and_refused_when_asked_again():
     assert message.startswith("node-a: the inventory asks for release 5d1c0a9e8b7f6a5d (image registry.example/vllm@")
     assert "deepseek-ai/DeepSeek-V4-Flash-0731@9e165c30e270), which failed here at " in message
     assert "coherence: answer" in message and "--data retry_failed_release=true" in message
+    assert "its switch was held back (no image pull, model sync or restart; the rest converged)" in message
     assert message.count("\n") == 1, "the reason's first line only: no journal"
 
 
@@ -51,3 +52,37 @@ def test_the_record_is_written_whole_and_forgotten_by_shell(tmp_path, monkeypatc
 def test_the_retry_key_is_a_boolean_off_by_default():
     assert validate_hosts(node_a())["node-a"].retry_failed_release is False
     assert validate_hosts(node_a(retry_failed_release=True))["node-a"].retry_failed_release is True
+
+
+HELD_DEPLOY = """
+from pyinfra import host
+from deploys.run.held import as_served, hold, release_held
+from deploys.schema import NodeConfig
+from tests.unit.profiles import profile
+
+cfg = NodeConfig.model_validate(profile("rtx_pro_6000_pair"))
+before = (release_held(), as_served(cfg).api_port)
+hold("why it is held", {"release": "5d1c", "api_port": 8101, "api_bind_address": None})
+after = (release_held(), as_served(cfg).api_port, as_served(cfg).api_bind_address == cfg.api_bind_address)
+hold(None)
+host.log(f"HELD {before} {after} {(release_held(), as_served(cfg).api_port)}")
+"""
+
+
+def test_a_held_release_is_kept_for_the_host_and_points_the_endpoint_at_the_served_api(tmp_path):
+    """What the release's own steps read (deploys/run/held.py), on a real pyinfra run: held or not, and the API of
+    the release that serves (its recorded port; a field it did not record stays the inventory's)."""
+    import os
+    import sys
+
+    (tmp_path / "deploy.py").write_text(HELD_DEPLOY)
+    pyinfra = os.path.join(os.path.dirname(sys.executable), "pyinfra")
+    proc = subprocess.run([pyinfra, "-y", "@local", str(tmp_path / "deploy.py")], capture_output=True, text=True,
+                          timeout=120, cwd=os.getcwd())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from deploys.schema import NodeConfig
+    from tests.unit.profiles import profile
+
+    port = NodeConfig.model_validate(profile("rtx_pro_6000_pair")).api_port
+    assert port != 8101
+    assert f"HELD (None, {port}) ('why it is held', 8101, True) (None, {port})" in proc.stdout + proc.stderr, proc.stderr[-2000:]

@@ -1,0 +1,32 @@
+"""A release held back on the host being prepared, for this run (deploys/service/failed_release.py decides it: the
+inventory asks for a release that failed here before). The steps that make a release (the image pull, the model
+snapshot and its deep verify, the service) skip themselves while it is held; the endpoint and the node's metrics,
+which converge as usual, point at the release that serves, whose API may differ from the one asked for."""
+
+from __future__ import annotations
+
+from pyinfra.context import ctx_host
+
+from deploys.run.state import keep, kept
+from deploys.schema import NodeConfig
+
+_HELD = "release held back"
+API_KEYS = ("api_bind_address", "api_port")
+
+
+def hold(why: str | None, served: dict | None = None) -> None:
+    """Keep whether (``why``) the host's release is held back, and the served release's record (its API)."""
+    keep(ctx_host.get(), _HELD, (why, served or {}) if why else None)  # the Host itself: `host` is one proxy for all
+
+
+def release_held() -> str | None:
+    """Why the release the inventory asks for is held back on the host being prepared (None: it is not)."""
+    held = kept(ctx_host.get(), _HELD, lambda: None)
+    return held[0] if held else None
+
+
+def as_served(cfg: NodeConfig) -> NodeConfig:
+    """``cfg`` with the API of the release that serves where the one asked for is held back (else ``cfg``)."""
+    held = kept(ctx_host.get(), _HELD, lambda: None)
+    api = {k: held[1][k] for k in API_KEYS if held and held[1].get(k) is not None}
+    return cfg.model_copy(update=api) if api else cfg
