@@ -5,10 +5,14 @@ which converge as usual, point at the release that serves, whose API may differ 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyinfra.context import ctx_host
 
 from deploys.run.state import keep, kept
-from deploys.schema import NodeConfig
+
+if TYPE_CHECKING:
+    from deploys.schema import NodeConfig
 
 _HELD = "release held back"
 API_KEYS = ("api_bind_address", "api_port")
