@@ -114,7 +114,7 @@ def follow_up_reads(*names: str) -> list[tuple]:
 
 
 @operation()
-def follow_up_done(stamp: str, command, paths: tuple[str, ...], contents: tuple[str, ...]):
+def follow_up_done(stamp: str, command, paths: tuple[str, ...], contents: tuple[str, ...], needed: bool = False):
     """Run ``command`` (the step that applies ``paths``: a rebuild, a re-exec, a restart) unless it already
     succeeded after they held ``contents``. Decided from state, never from the write's ``did_change``:
     the stamp holds the fingerprint of the files the command last succeeded after, written only once it
@@ -126,10 +126,12 @@ def follow_up_done(stamp: str, command, paths: tuple[str, ...], contents: tuple[
     + command: shell command (a string or a StringCommand)
     + paths: the files the follow-up applies
     + contents: what the deploy writes to them
+    + needed: the applied state says the command must run again whatever the stamp says (read from the node: a
+      service that reports it did not load what its files hold)
     """
     path = follow_up_stamp(stamp)
     recorded = read(host, FileContents, path=path)
-    if recorded and recorded[0].strip() == content_fingerprint(*contents):
+    if not needed and recorded and recorded[0].strip() == content_fingerprint(*contents):
         host.noop(f"done after the current {', '.join(paths)} ({path})")
         return
     yield command if isinstance(command, StringCommand) else StringCommand("sh", "-c", QuoteString(command))

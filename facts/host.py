@@ -244,3 +244,16 @@ class SystemdNeedsReload(FactBase[bool]):
 
     def process(self, output: list[str]) -> bool:
         return "yes" in " ".join(output).split()
+
+
+class PrometheusReload(FactBase[str]):
+    """What the running Prometheus on 127.0.0.1:``port`` says of its last (re)load (``helper``: files/monitoring/
+    prometheus_loaded.py, installed by the monitoring host's deploy): ``loaded``, ``not-loaded`` (the last reload
+    failed: it runs older rules than its files), or ``down`` (no answer, or the helper not installed yet)."""
+
+    def command(self, helper: str, port: int) -> str:
+        return f"python3 {shlex.quote(helper)} {int(port)} 2>/dev/null || echo down"
+
+    def process(self, output: list[str]) -> str:
+        said = output[-1].strip() if output else ""
+        return said if said in ("loaded", "not-loaded") else "down"

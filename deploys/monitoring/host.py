@@ -44,7 +44,8 @@ from deploys.schema import NodeConfig
 from deploys.schema.control_readers import read_clients, read_webhook_url
 from deploys.schema.monitoring import MONITORING_GROUP, file_word
 from deploys.unit_text import command_line, confined, unit_word
-from facts.host import FilesMatching, ManagedFiles
+from facts.host import FilesMatching, ManagedFiles, PrometheusReload
+from files import helper_path
 
 PROMETHEUS = "inference-nodes-prometheus"
 ALERTMANAGER = "inference-nodes-alertmanager"
@@ -237,6 +238,11 @@ def host_reads(batch: tuple[str, ...] = HOST_FILES) -> list:
             *follow_up_reads("prometheus-unit", "prometheus-reload", "alertmanager-unit")]
 
 
+def reload_reads(me: NodeConfig) -> list:
+    """The running Prometheus's word on its last reload (read with the monitoring host's other reads)."""
+    return [(PrometheusReload, {"helper": RELOAD_CHECK, "port": me.prometheus_port})]
+
+
 SCRAPE_SECRETS = ("scrape-*.key", "ca-*.crt")  # the monitoring host's per-head files
 
 
@@ -262,8 +268,8 @@ def monitoring_host():
         return
     configs = inventory_configs(host.inventory)
     keys = scrape_keys(configs, watcher)
-    batch = (*HOST_FILES, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
-    expect(host_reads(batch))
+    batch = (*HOST_FILES, RELOAD_CHECK, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
+    expect([*host_reads(batch), *reload_reads(me)])
     webhook = read_webhook_url(me.alertmanager_webhook_url_file) if me.alertmanager_webhook_url_file else None
     watchdog = read_webhook_url(me.alertmanager_watchdog_url_file) if me.alertmanager_watchdog_url_file else None
     ours = {"prometheus": PROMETHEUS, "prometheus-alertmanager": ALERTMANAGER, "prometheus-node-exporter": EXPORTER}
@@ -271,7 +277,8 @@ def monitoring_host():
         distro_unit_masked(name=f"Mask the distribution's {DISTRO_UNITS[package]} (the toolkit runs its own unit)",
                            unit=DISTRO_UNITS[package], ours=f"{ours[package]}.service")
     packages_installed(name="Install Prometheus and Alertmanager from the distribution",
-                       packages=["prometheus", "prometheus-alertmanager"], recommends=False)
+                       packages=["prometheus", "prometheus-alertmanager", "python3"],  # python3: the reload check
+                       recommends=False)
     for head, key in keys.items():
         secret_file(name=f"Install the key Prometheus reads {head}'s vLLM metrics with (0600, never printed)",
                     src=StringIO(key + "\n"), dest=scrape_key_path(head), batch=batch, private_dir=False)
@@ -307,10 +314,27 @@ def monitoring_host():
                    paths=(path, ALERTMANAGER_CONF), contents=(text, alertmanager_conf))
     for unit in (ALERTMANAGER, PROMETHEUS):
         unit_running(name=f"Start and enable {unit}.service", unit=f"{unit}.service")
+    atomic_put(name="Install the check that Prometheus loaded its files", src=helper_path("monitoring/prometheus_loaded.py"),
+               dest=RELOAD_CHECK, mode="0644", batch=batch)
+    # its files changed since the last reload that loaded them, or Prometheus says its last reload failed (a reload
+    # by hand of a bad file, then a converge that put the file right again)
     follow_up_done(name="Reload Prometheus after a change of targets or rules (promtool checks them first)",
-                   stamp="prometheus-reload",
-                   command=f"/usr/bin/promtool check config {PROMETHEUS_CONF} && systemctl reload {PROMETHEUS}.service",
-                   paths=(PROMETHEUS_CONF, RULES), contents=(conf, rules))
+                   stamp="prometheus-reload", command=reload_command(me), paths=(PROMETHEUS_CONF, RULES),
+                   contents=(conf, rules),
+                   needed=read(host, PrometheusReload, helper=RELOAD_CHECK, port=me.prometheus_port) == "not-loaded")
+
+
+RELOAD_CHECK = "/usr/local/lib/inference-nodes/prometheus_loaded.py"
+RELOAD_WAIT_S = 30
+
+
+def reload_command(me: NodeConfig) -> str:
+    """Shell: promtool's check, the reload (a HUP: asynchronous, and `systemctl` says "Reloaded" whatever Prometheus
+    makes of it), then Prometheus's own word that it loaded the files since; else the step fails with its error."""
+    errors = (f"journalctl -u {PROMETHEUS}.service -n 50 --no-pager -o cat | grep -i 'error' | tail -n 3 >&2")
+    return (f"t=$(date +%s) && /usr/bin/promtool check config {PROMETHEUS_CONF} && systemctl reload {PROMETHEUS}.service "
+            f"&& {{ python3 {RELOAD_CHECK} {int(me.prometheus_port)} --since \"$t\" --wait {RELOAD_WAIT_S} || "
+            f"{{ echo 'Prometheus did not load its files:' >&2; {errors}; exit 1; }}; }}")
 
 
 def rendered_files(name: str, configs: dict[str, NodeConfig], watcher: str | None) -> dict[str, str]:

@@ -111,3 +111,29 @@ def test_monitoring_listens_on_loopback_and_the_exporter_address_only(sandbox):
         assert addresses == sorted([f"127.0.0.1:{cfg.node_exporter_port}",
                                     f"{cfg.node_exporter_address}:{cfg.node_exporter_port}"]), (name, listen)
 
+
+
+def test_a_reload_that_failed_is_repaired_by_the_next_converge(sandbox):
+    """Issue 53: rules made unparsable and loaded by a HUP (Prometheus keeps the old ones and says its reload failed),
+    then the file put right: the converge reloads because Prometheus says so, not only when its files changed, and
+    the reload step waits for Prometheus's own word that it loaded them."""
+    from tests.node.conftest import changed_operations, pyinfra
+
+    reload_step = "Monitoring host | Reload Prometheus after a change of targets or rules (promtool checks them first)"
+    loaded = "python3 /usr/local/lib/inference-nodes/prometheus_loaded.py 9190"
+    good = on_node(WATCHER, f"cat {mon_host.RULES}").stdout
+    assert good and on_node(WATCHER, loaded).stdout.strip() == "loaded"
+    bad = (f"cp {mon_host.RULES} /root/rules.good && echo 'groups: [{{name: x, rules: [{{alert: X, expr: \"(\"}}]}}]' "
+           f"> {mon_host.RULES} && systemctl kill -s HUP {mon_host.PROMETHEUS}.service")
+    assert on_node(WATCHER, bad).returncode == 0
+    for _ in range(20):
+        if on_node(WATCHER, loaded).stdout.strip() == "not-loaded":
+            break
+        time.sleep(0.5)
+    assert on_node(WATCHER, loaded).stdout.strip() == "not-loaded", "Prometheus took the unparsable rules"
+    # the file right again (as a converge that ran before would leave it): only Prometheus's word says to reload
+    assert on_node(WATCHER, f"mv /root/rules.good {mon_host.RULES}").returncode == 0
+    changed = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", WATCHER))
+    assert changed == [(reload_step, [WATCHER])], changed
+    assert on_node(WATCHER, loaded).stdout.strip() == "loaded"
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", WATCHER)) == []

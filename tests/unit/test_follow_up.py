@@ -27,7 +27,8 @@ ops.FOLLOW_UP_DIR = {stamps!r}
 me, group = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
 ops.atomic_put(name="Write the file", src=StringIO("wanted\\n"), dest={path!r}, user=me, group=group, mode="0644",
                resets=ops.follow_up_stamp("t"))
-ops.follow_up_done(name="Apply it", stamp="t", command={command!r}, paths=({path!r},), contents=("wanted\\n",))
+ops.follow_up_done(name="Apply it", stamp="t", command={command!r}, paths=({path!r},), contents=("wanted\\n",),
+                   needed=os.path.exists({needed!r}))
 '''
 
 
@@ -52,7 +53,7 @@ def test_a_failed_follow_up_is_done_by_the_next_run_and_a_rewrite_runs_it_again(
     path, flag, log = tmp_path / "managed.conf", tmp_path / "may-apply", tmp_path / "applied.log"
     (tmp_path / "deploy.py").write_text(DEPLOY.format(
         stamps=str(tmp_path / "stamps"), path=str(path),
-        command=f"test -e {flag} && cat {path} >> {log}"))
+        command=f"test -e {flag} && cat {path} >> {log}", needed=str(tmp_path / "needed")))
     rc, changed = _run(tmp_path)
     assert rc != 0 and path.read_text() == "wanted\n" and not log.exists()  # written, follow-up failed
     flag.touch()
@@ -63,3 +64,8 @@ def test_a_failed_follow_up_is_done_by_the_next_run_and_a_rewrite_runs_it_again(
     path.write_text("edited by hand\n")
     rc, changed = _run(tmp_path)
     assert rc == 0 and changed == ["Write the file", "Apply it"] and log.read_text() == "wanted\nwanted\n"
+
+    # the applied state says it did not take (a service that reports it runs older files): run again, stamp or not
+    (tmp_path / "needed").touch()
+    rc, changed = _run(tmp_path)
+    assert rc == 0 and changed == ["Apply it"] and log.read_text() == "wanted\nwanted\nwanted\n"
