@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 from typing import Any, Callable, Iterable
 
 from pyinfra.api import State, operation as pyinfra_operation
@@ -108,6 +109,10 @@ def operation(func: Callable | None = None, **options) -> Callable:
     yields nothing leaves them as they are."""
 
     def decorate(body: Callable) -> Callable:
+        if not inspect.isgeneratorfunction(body):  # pyinfra would fail only when it runs the operation
+            raise TypeError(f"operation {body.__module__}.{body.__qualname__} is not a generator: an operation body "
+                            "yields its commands (`yield from ()` where it has none)")
+
         @functools.wraps(body)
         def commands(*args, **kwargs):
             host = ctx_host.get()

@@ -51,6 +51,7 @@ def failed_release_not_retried(path: str, asked: dict, retry: bool):
         host.log_styled(f"{why.splitlines()[0]}: its switch is held back (the image, the model and the service stay as "
                         "they are); the rest converges", log_func=logger.warning)
     host.noop(why.splitlines()[0] if held else why)
+    yield from ()  # a decision only: the release's own steps act on it (an operation body is a generator)
 
 
 @operation()

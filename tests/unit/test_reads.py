@@ -249,3 +249,20 @@ def test_an_operation_run_in_another_directory_reads_there_not_from_kept_answers
     _run(state, host, (_records_command, {"command": "pwd", "into": seen, "_chdir": str(tmp_path)}),
          (_records_command, {"command": "pwd", "into": seen}))
     assert seen == [str(tmp_path), here]
+
+
+def test_an_operation_body_that_is_not_a_generator_is_refused_when_it_is_defined():
+    """pyinfra would fail such an operation only when it runs it ('NoneType' object is not iterable, mid-converge):
+    the toolkit's decorator refuses it at import, where the unit tier sees it."""
+    import pytest
+
+    from deploys.run.reads import operation
+
+    with pytest.raises(TypeError, match="is not a generator"):
+        @operation()
+        def decides_only():
+            return None
+
+    @operation()
+    def yields_nothing():
+        yield from ()
