@@ -36,17 +36,13 @@ def asked_release() -> dict:
 
 
 @operation()
-def failed_release_not_retried(path: str, asked: dict, retry: bool):
-    """Hold back the switch to a release that failed here before (unless ``retry``): the release's own steps skip
-    themselves (``release_held``), the rest converges, and ``release_held_told`` fails the host at the run's end. The
-    record stays until a release the inventory asks for passes the gate here (or another fails).
+def failed_release_not_retried(held: bool, why: str):
+    """Say that the switch to a release that failed here before is held back (decided by ``release_asked`` while the
+    run is planned: the release's own steps, planned after it, skip themselves), or why it is not.
 
-    + path: this member's failed-release record
-    + asked: the release the inventory asks the cluster to serve (its head's)
-    + retry: `retry_failed_release`
+    + held: the release is held back
+    + why: ``decision``'s words
     """
-    held, why = decision(host.name, read(host, JsonRecord, path=path), asked, retry)
-    hold(why if held else None, served_release() if held else None)
     if held:
         host.log_styled(f"{why.splitlines()[0]}: its switch is held back (the image, the model and the service stay as "
                         "they are); the rest converges", log_func=logger.warning)
@@ -73,7 +69,7 @@ def decision(name: str, failed: dict, asked: dict, retry: bool) -> tuple[bool, s
     if retry:
         return False, f"{release_named(failed)} {when}: trying it again (retry_failed_release)"
     return True, (f"{name}: the inventory asks for {release_named(failed)}, which {when}: {failed.get('reason')}\n{name}: "
-                  "its switch was held back (no image pull, model sync or restart; the rest converged); the node stays "
+                  "its switch was held back (no image pull, no model download or re-hash, no restart; the rest converged); the node stays "
                   "on the release it serves and is behind its inventory. Try the release again with `--data "
                   "retry_failed_release=true` once what failed is fixed outside the inventory, or change the inventory")
 
@@ -88,9 +84,15 @@ def served_release() -> dict:
 
 @deploy("Release asked for")
 def release_asked():
+    """Whether this host's switch is held back, decided while the run is planned (an operation's body runs only when
+    pyinfra executes it, after every later step was planned): the record is read now, and the hold kept for the
+    steps planned after (deploys/run/held.py). The record stays until a release the inventory asks for passes the
+    gate here (or another fails)."""
     cfg = node_config()
-    failed_release_not_retried(name="Do not switch to a release that failed here", path=failed_release_path(cfg),
-                               asked=asked_release(), retry=cfg.retry_failed_release)
+    held, why = decision(host.name, read(host, JsonRecord, path=failed_release_path(cfg)), asked_release(),
+                         cfg.retry_failed_release)
+    hold(why if held else None, served_release() if held else None)
+    failed_release_not_retried(name="Do not switch to a release that failed here", held=held, why=why)
 
 
 @deploy("Release held back")

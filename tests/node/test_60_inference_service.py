@@ -511,8 +511,9 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     again = pyinfra(moved, "deploys/all.py", *broken, check=False)
     assert again.returncode == 1, again.stderr[-3000:]
     assert f"{node}: the inventory asks for release " in again.stderr and "which failed here at " in again.stderr
-    assert "failed the serving gate" in again.stderr and "--data retry_failed_release=true" in again.stderr
-    assert "its switch is held back" in again.stderr and "its switch was held back" in again.stderr
+    assert "failed the serving gate" in again.stderr and "--data retry_failed_release=true" in again.stderr, \
+        again.stderr[-5000:]
+    assert "its switch is held back" in again.stderr and "its switch was held back" in again.stderr, again.stderr[-5000:]
     assert "model sync" not in again.stderr and "verify:" not in again.stderr, again.stderr[-3000:]
     assert main_pid(node) == pid, "the held-back converge restarted the service"
     assert on_node(node, f"test -s {LIMITS_FILE}").returncode == 0, "the rest of the host did not converge"
@@ -540,7 +541,12 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     broken_blobs = set(on_node(node, links.format(cache, BROKEN_COMMIT)).stdout.split())
     assert good_blobs & broken_blobs and broken_blobs - good_blobs, (good_blobs, broken_blobs)
     pruned = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node))
-    assert [op for op, _ in pruned] == ["Inference service | Prune releases beyond the newest 2 (model commits, images)"]
+    # (and the monitoring host's scrape labels go back to the commit asked for: the held-back run had converged them
+    # to the inventory that asked for the failed one)
+    assert [op for op, _ in pruned] == ["Inference service | Prune releases beyond the newest 2 (model commits, images)",
+                                        "Monitoring host | Install Prometheus's scrape configuration (from the inventory)",
+                                        "Monitoring host | Reload Prometheus after a change of targets or rules (promtool "
+                                        "checks them first)"], pruned
     assert on_node(node, f"ls {cache}/snapshots").stdout.split() == ["7872f01b1d1fe23eabc4c98b48bffcef5a386062"]
     assert set(on_node(node, f"ls {cache}/blobs").stdout.split()) == good_blobs
     assert on_node(node, "inference-nodes-model-gate").stdout == good_snapshot

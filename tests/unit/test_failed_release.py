@@ -24,7 +24,7 @@ def test_a_failure_is_kept_with_its_first_line_and_held_back_when_asked_again():
     assert message.startswith("node-a: the inventory asks for release 5d1c0a9e8b7f6a5d (image registry.example/vllm@")
     assert "deepseek-ai/DeepSeek-V4-Flash-0731@9e165c30e270), which failed here at " in message
     assert "coherence: answer" in message and "--data retry_failed_release=true" in message
-    assert "its switch was held back (no image pull, model sync or restart; the rest converged)" in message
+    assert "its switch was held back (no image pull, no model download or re-hash, no restart; the rest converged)" in message
     assert message.count("\n") == 1, "the reason's first line only: no journal"
 
 
