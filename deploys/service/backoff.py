@@ -62,12 +62,11 @@ def backoff_reads() -> list:
 
 def backoff_reset_installed(cfg: NodeConfig) -> None:
     """The helper, its oneshot service and its timer, loaded, enabled and started (a deploy's operations)."""
-    units, batch = UNITS, BATCH
-    atomic_put(batch=batch, name="Install the restart-backoff reset", src=helper_path("inference_service/backoff_reset.py"),
+    atomic_put(batch=BATCH, name="Install the restart-backoff reset", src=helper_path("inference_service/backoff_reset.py"),
                dest=HELPER, user="root", group="root", mode="0644", create_remote_dir=True)
-    atomic_put(batch=batch, name="Install its service", src=StringIO(render_service(cfg)),
+    atomic_put(batch=BATCH, name="Install its service", src=StringIO(render_service(cfg)),
                dest=f"{UNIT_DIR}/{UNIT}.service", user="root", group="root", mode="0644")
-    atomic_put(batch=batch, name="Install its timer", src=StringIO(render_timer(cfg)), dest=f"{UNIT_DIR}/{UNIT}.timer",
+    atomic_put(batch=BATCH, name="Install its timer", src=StringIO(render_timer(cfg)), dest=f"{UNIT_DIR}/{UNIT}.timer",
                user="root", group="root", mode="0644")
-    units_loaded(name="Load the restart-backoff units", units=list(units))
+    units_loaded(name="Load the restart-backoff units", units=list(UNITS))
     unit_running(name="Enable and start the restart-backoff timer", unit=f"{UNIT}.timer", running=True, enabled=True)

@@ -535,37 +535,23 @@ def test_the_switch_marker_is_json_with_its_bound_from_the_nodes_clock(tmp_path)
 def test_the_drain_counts_running_and_waiting_requests_and_a_failed_read_is_unknown(answers, bound, said):
     """N2/M1: the drain waits for vLLM's running *and* waiting requests, from a short grace after the door closed;
     a /metrics read that fails is read again, and reported as unknown (`?`) when none succeeded by the bound."""
-    import http.server
     import subprocess
-    import threading
 
     from deploys.service.door import DRAIN
+    from tests.unit.local_http import serving
 
     queue = list(answers)
 
-    class Metrics(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            answer = queue.pop(0) if len(queue) > 1 else queue[0]
-            if answer == "fail":
-                self.send_response(500)
-                self.end_headers()
-                return
-            running, waiting = answer
-            body = ("# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n"
-                    f'vllm:num_requests_running{{model_name="m"}} {running}.0\n'
-                    f'vllm:num_requests_waiting{{model_name="m"}} {waiting}.0\n')
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body.encode())
+    def metrics() -> str | None:
+        answer = queue.pop(0) if len(queue) > 1 else queue[0]
+        if answer == "fail":
+            return None
+        running, waiting = answer
+        return ("# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="m"}} {running}.0\n'
+                f'vllm:num_requests_waiting{{model_name="m"}} {waiting}.0\n')
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        out = subprocess.run(["python3", "-c", DRAIN, f"http://127.0.0.1:{server.server_address[1]}/metrics", str(bound)],
+    with serving(metrics) as port:
+        out = subprocess.run(["python3", "-c", DRAIN, f"http://127.0.0.1:{port}/metrics", str(bound)],
                              capture_output=True, text=True, timeout=60, check=True).stdout.split()
-    finally:
-        server.shutdown()
     assert out[0] == said[0] and abs(int(out[1]) - said[1]) <= 1, out

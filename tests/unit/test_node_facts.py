@@ -405,30 +405,14 @@ def test_vllm_families_keep_only_vllm_series():
 
 def test_vllm_metrics_say_whether_vllm_answered_on_loopback():
     """A head scraped through its node-exporter: vLLM not answering is a series (0), not just missing series."""
-    import http.server
-    import threading
+    from tests.unit.local_http import serving
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            body = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2.0\nprocess_open_fds 9\n"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        text = nf.vllm_metrics(f"http://127.0.0.1:{server.server_port}/metrics")
-    finally:
-        server.shutdown()
-        server.server_close()
+    body = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2.0\nprocess_open_fds 9\n"
+    with serving(lambda: body) as port:
+        text = nf.vllm_metrics(f"http://127.0.0.1:{port}/metrics")
     assert value(text, "vllm_metrics_ok") == 1.0
     assert "vllm:num_requests_running 2.0" in text.splitlines() and "process_open_fds" not in text
-    down = nf.vllm_metrics(f"http://127.0.0.1:{server.server_port}/metrics", timeout=2)
+    down = nf.vllm_metrics(f"http://127.0.0.1:{port}/metrics", timeout=2)
     assert value(down, "vllm_metrics_ok") == 0.0 and "vllm:" not in down
 
 

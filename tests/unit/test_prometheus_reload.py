@@ -3,7 +3,6 @@ Prometheus's own word on its last reload, against a real HTTP server serving Pro
 
 from __future__ import annotations
 
-import http.server
 import subprocess
 import sys
 import threading
@@ -13,6 +12,7 @@ import pytest
 
 from facts.host import PrometheusReload
 from files.monitoring.prometheus_loaded import reload_state, verdict
+from tests.unit.local_http import serving
 
 HELPER = "files/monitoring/prometheus_loaded.py"
 TEXT = """# HELP prometheus_config_last_reload_successful Whether the last configuration reload attempt was successful.
@@ -56,22 +56,8 @@ def test_the_fact_maps_anything_but_a_verdict_to_down():
 def prometheus():
     """A stand-in of Prometheus's /metrics: ``state["ok"]``/``state["at"]`` as it serves them."""
     state = {"ok": 1, "at": 1.0}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = TEXT.format(**state).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv.server_address[1], state
-    srv.shutdown()
+    with serving(lambda: TEXT.format(**state)) as port:
+        yield port, state
 
 
 def _check(port, *extra):
