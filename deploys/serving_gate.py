@@ -179,11 +179,20 @@ def journal_told(journal: list[str], lines: int = 15) -> str:
     return f"{lead}; its journal ends:\n" + "\n".join(tail) if journal else f"{lead}; its journal is empty"
 
 
+def _restarts(read: dict) -> int:
+    try:
+        return int(read.get("NRestarts", ""))
+    except ValueError:
+        return 0
+
+
 def readiness_verdict(now: dict, first: dict, head: bool) -> tuple[str, str]:
     """("ready" | "wait" | "failed", why) for a service read ``now``, ``first`` being the first read of this wait.
     A head is ready when its unit is active and /health answers 200, a worker when its unit runs. A unit that is
     inactive, failed or waiting to be restarted fails at once, as does one that restarted since the first read
-    (its start count or invocation moved): systemd's own restarts would otherwise hide a crash loop."""
+    (its invocation moved or its start count grew): systemd's own restarts would otherwise hide a crash loop. A
+    count that went down is no restart: the node's backoff reset (`systemctl reset-failed`) zeroes it while the
+    unit runs, and a manual restart keeps it."""
     active, sub = now.get("ActiveState", "?"), now.get("SubState", "?")
     state = f"{active} ({sub})"
     if active == "active" and (now["health"] == 200 if head else sub == "running"):
@@ -191,7 +200,7 @@ def readiness_verdict(now: dict, first: dict, head: bool) -> tuple[str, str]:
     if active in ("failed", "inactive") or sub == "auto-restart":
         result = now.get("Result", "")
         return "failed", f"the unit is {state}" + (f", result {result}" if result not in ("", "success") else "")
-    if now.get("NRestarts") != first.get("NRestarts") or now.get("InvocationID") != first.get("InvocationID"):
+    if _restarts(now) > _restarts(first) or now.get("InvocationID") != first.get("InvocationID"):
         return "failed", (f"the unit restarted while starting (restarts {first.get('NRestarts')} -> "
                           f"{now.get('NRestarts')}, now {state})")
     return "wait", state + (f", /health {now['health']}" if head and now["health"] else "")

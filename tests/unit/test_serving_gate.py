@@ -417,6 +417,21 @@ def test_wait_serving_fails_at_once_on_a_unit_that_is_not_starting(monkeypatch, 
     assert not ok and len(seen) == 2 and says in why, why
 
 
+def test_wait_serving_takes_a_start_count_set_back_by_the_backoff_reset_for_no_restart(monkeypatch):
+    """CI, a repaired shard: the unit had restarted twice before the converge restarted it (a manual restart keeps
+    the count); 30 s into the start the node's backoff reset ran `systemctl reset-failed` (count 2 -> 0, same
+    invocation) and the switch had failed the release as 'restarted while starting'."""
+    from deploys import serving_gate
+
+    monkeypatch.setattr(serving_gate.time, "sleep", lambda s: None)
+    run, seen = _node([_read(restarts="2"), _read(restarts="0"), _read(restarts="0", health=200)])
+    ok, why, _ = serving_gate.wait_serving(run, _cfg(), True, 600)
+    assert ok and len(seen) == 3, why
+    run, seen = _node([_read(restarts="2"), _read(restarts="0"), _read(restarts="1", invocation="i2")])
+    ok, why, _ = serving_gate.wait_serving(run, _cfg(), True, 600)
+    assert not ok and "the unit restarted while starting (restarts 2 -> 1" in why, why
+
+
 def test_wait_serving_gives_up_after_its_bound_and_a_worker_needs_no_api(monkeypatch):
     from deploys import serving_gate
 
