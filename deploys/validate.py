@@ -22,6 +22,7 @@ from pyinfra.api.exceptions import NoGroupError
 
 from deploys.inventory import LimitError, inventory_configs, limited_hosts, load_inventory
 from deploys.schema import InventoryValidationError, NodeConfig, validate_inventory
+from deploys.schema.cross_host import monitoring_warnings
 
 
 @deploy("Validate inventory")
@@ -75,7 +76,7 @@ def check_cli_run() -> None:
     if not is_node_inventory(inventory):
         return
     try:
-        validate_inventory(inventory, limit)
+        configs = validate_inventory(inventory, limit)
     except InventoryValidationError as e:
         if operations[0] in AD_HOC_COMMANDS:
             logger.warning(f"--> {e}\n    ({operations[0]} runs anyway: it runs none of the toolkit's steps; "
@@ -83,6 +84,8 @@ def check_cli_run() -> None:
             return
         logger.error(f"--> {e}")
         raise SystemExit(1) from None
+    for warning in monitoring_warnings(inventory, configs):
+        logger.warning(f"--> {warning}")
 
 
 def _pyinfra_selects_the_same(inventory, pattern: str, option: str, inventory_file: str) -> None:
@@ -113,6 +116,8 @@ def main(argv: list[str]) -> int:
     except (LimitError, InventoryValidationError) as e:
         print(e, file=sys.stderr)
         return 1
+    for warning in monitoring_warnings(inventory, configs):
+        print(f"warning: {warning}", file=sys.stderr)
     for name, cfg in configs.items():
         if limit is None or any(h.name == name for h in limit):
             print(f"{name}: valid (cluster {cfg.cluster_name}, rank {cfg.node_rank})")

@@ -55,16 +55,20 @@ def _monitoring(address: str, port: int) -> dict:
 
 def _monitoring_host() -> dict:
     """Prometheus and Alertmanager on loopback ports of their own, alerts after 10 s, posted to the node tests' local
-    webhook listener (tests/sandbox/webhook_listener.py) through a 0600 URL file made on first use under _DIR."""
-    path = f"{_DIR}/monitoring/webhook-url"
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("http://127.0.0.1:9199/alerts\n")
-        os.replace(path + ".tmp", path)
+    webhook listener (tests/sandbox/webhook_listener.py), which also stands for the dead man's switch (its own path),
+    through 0600 URL files made on first use under _DIR."""
+    files = {}
+    for key, name, url in (("alertmanager_webhook_url_file", "webhook-url", "http://127.0.0.1:9199/alerts"),
+                           ("alertmanager_watchdog_url_file", "watchdog-url", "http://127.0.0.1:9199/watchdog")):
+        files[key] = path = f"{_DIR}/monitoring/{name}"
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(url + "\n")
+            os.replace(path + ".tmp", path)
     return {"prometheus_port": 9190, "alertmanager_port": 9193, "prometheus_scrape_interval_s": 2, "alert_for_s": 10,
-            "alertmanager_group_wait_s": 1, "alertmanager_webhook_url_file": path,
+            "alertmanager_group_wait_s": 1, **files,
             "alert_model_disk_free_min_gib": 1}  # (the machine's own disk: not what the sandbox tests)
 
 

@@ -28,7 +28,7 @@ from deploys.monitoring.node import (
     render_facts_timer,
     vllm_scrape,
 )
-from deploys.monitoring.rules import WATCHDOG_REPEAT, render_rules
+from deploys.monitoring.rules import ALERTING_PATH, WATCHDOG_REPEAT, render_rules
 from deploys.ops import (
     atomic_put,
     distro_unit_masked,
@@ -137,7 +137,8 @@ def scrape_keys(configs: dict[str, NodeConfig], watcher: str) -> dict[str, str]:
 
 def render_alertmanager(me: NodeConfig, webhook: str | None, watchdog: str | None = None) -> str:
     """The route: every alert to the webhook, but the always-firing Watchdog to its own receiver, the outside dead
-    man's switch (``watchdog``; none: nowhere), every WATCHDOG_REPEAT."""
+    man's switch (``watchdog``; none: nowhere), every WATCHDOG_REPEAT; held back while an alert of ALERTING_PATH
+    fires, so that the switch pages when the alerting path itself fails."""
     wait = me.alertmanager_group_wait_s
     route = {"receiver": "webhook" if webhook else "none", "group_by": ["alertname", "cluster", "host"],
              "group_wait": f"{wait}s", "group_interval": f"{max(10, 2 * wait)}s",
@@ -149,7 +150,9 @@ def render_alertmanager(me: NodeConfig, webhook: str | None, watchdog: str | Non
         receivers.append({"name": "webhook", "webhook_configs": [{"url": webhook, "send_resolved": True}]})
     if watchdog:
         receivers.append({"name": "watchdog", "webhook_configs": [{"url": watchdog, "send_resolved": False}]})
-    return yaml.safe_dump({"route": route, "receivers": receivers}, sort_keys=False)
+    inhibit = [{"source_matchers": [f'alertname=~"{"|".join(ALERTING_PATH)}"'],
+                "target_matchers": ['alertname="Watchdog"']}]
+    return yaml.safe_dump({"route": route, "receivers": receivers, "inhibit_rules": inhibit}, sort_keys=False)
 
 
 def render_prometheus_unit(me: NodeConfig, keys: list[str]) -> str:

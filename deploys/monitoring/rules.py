@@ -82,6 +82,8 @@ def alert_rules(me: NodeConfig) -> list[dict]:
         ("AlertmanagerNotificationsFailing", "increase(alertmanager_notifications_failed_total[5m]) > 0", 0,
          "critical", "Alertmanager on {{ $labels.host }} could not deliver notifications (an expired webhook token, an "
          "unreachable receiver): alerts are not reaching anyone"),
+        ("AlertmanagerConfigReloadFailed", "alertmanager_config_last_reload_successful == 0", 0, "critical",
+         "Alertmanager on {{ $labels.host }} could not load its configuration: it routes with the one before"),
         ("MonitoringSelfScrapeDown", 'up{job=~"prometheus|alertmanager"} == 0', me.alert_for_s, "critical",
          "{{ $labels.job }} on {{ $labels.host }} does not answer its own scrape"),
         ("Watchdog", "vector(1)", 0, "none",
@@ -115,6 +117,7 @@ ALERT_KEYS = {  # which key tunes each alert (docs/monitoring.md)
     "GpuNotAnswering": "alert_for_s", "GpuXidHardware": "(fires at once)", "GpuXidErrors": "(fires at once)", "GpuEccUncorrected": "(fires at once)",
     "NodeFactsMissing": "alert_for_s", "PrometheusConfigReloadFailed": "(fires at once)",
     "PrometheusRuleEvaluationFailures": "(fires at once)", "AlertmanagerNotificationsFailing": "(fires at once)",
+    "AlertmanagerConfigReloadFailed": "(fires at once)",
     "MonitoringSelfScrapeDown": "alert_for_s", "Watchdog": "alertmanager_watchdog_url_file (always firing)",
     "NodeFactsStale": "monitoring_facts_interval_s (per node)",
 }
@@ -128,5 +131,11 @@ def render_rules(me: NodeConfig) -> str:
 # What Prometheus and Alertmanager export about themselves that the meta-alerts read (the node tier finds each in the
 # real ones)
 SELF_METRICS = ("prometheus_config_last_reload_successful", "prometheus_rule_evaluation_failures_total",
-                "alertmanager_notifications_failed_total")
+                "alertmanager_notifications_failed_total", "alertmanager_config_last_reload_successful")
 WATCHDOG_REPEAT = "5m"  # how often the Watchdog reaches the dead man's switch (set its period above this)
+# The alerts that say the alerting path itself is broken. Each may be unable to reach anyone (the failing webhook
+# is where it would go), so while one fires Alertmanager holds the Watchdog back and the outside dead man's switch
+# pages when its pings stop. Not sent to the switch as well: a ping is all such a service reads, and any request
+# to it says "alive".
+ALERTING_PATH = ("AlertmanagerNotificationsFailing", "AlertmanagerConfigReloadFailed", "PrometheusConfigReloadFailed",
+                 "PrometheusRuleEvaluationFailures", "MonitoringSelfScrapeDown")

@@ -276,6 +276,17 @@ def monitoring_problems(inventory, configs: dict[str, NodeConfig]) -> list[Probl
     return problems
 
 
+def monitoring_warnings(inventory, configs: dict[str, NodeConfig]) -> list[str]:
+    """What a valid inventory still leaves unwatched (said before the run, never refused): a monitoring host with no
+    dead man's switch. Nothing inside the lab pages when that host, its Prometheus or its Alertmanager stops, or
+    when the alerts' webhook refuses them (the Watchdog is held back then: deploys/monitoring/host.py)."""
+    return [f"host {name}: alertmanager_watchdog_url_file is unset: no outside dead man's switch hears the Watchdog, "
+            "so nothing pages when this monitoring host, its Prometheus or its Alertmanager stops, or when the "
+            "alerts' webhook fails (docs/monitoring.md)"
+            for name in monitoring_hosts(inventory)
+            if name in configs and configs[name].alertmanager_watchdog_url_file is None]
+
+
 def monitoring_hosts(inventory) -> list[str]:
     """The hosts of the inventory group `monitoring` (one, in a valid inventory)."""
     if MONITORING_GROUP not in inventory.groups:

@@ -113,6 +113,42 @@ def test_monitoring_listens_on_loopback_and_the_exporter_address_only(sandbox):
 
 
 
+def test_a_failing_alerts_webhook_holds_the_watchdog_back_so_the_dead_mans_switch_pages(sandbox):
+    """Issue 53: the alerts' webhook answers 500 (an expired token). AlertmanagerNotificationsFailing fires, and its
+    own notification goes to that same webhook; so Alertmanager holds the Watchdog back while it fires (inhibited
+    by it), and the outside dead man's switch, which hears nothing more, pages. A drill alert posted to
+    Alertmanager, as Prometheus posts one, gives the webhook something to refuse."""
+    from datetime import datetime, timedelta, timezone
+
+    from tests.sandbox.webhook_listener import WebhookListener
+
+    alertmanager = f"http://127.0.0.1:{_configs()[WATCHER].alertmanager_port}/api/v2"
+
+    def watchdog() -> dict:
+        [alert] = requests.get(f"{alertmanager}/alerts", params={"filter": 'alertname="Watchdog"'}, timeout=10).json()
+        return alert
+
+    def fingerprints(name: str) -> set[str]:
+        return {a["fingerprint"] for a in
+                requests.get(f"{alertmanager}/alerts", params={"filter": f'alertname="{name}"'}, timeout=10).json()}
+
+    eventually("the Watchdog at Alertmanager", watchdog)
+    with WebhookListener() as hook:
+        hook.refused.add("/alerts")
+        ends = (datetime.now(timezone.utc) + timedelta(minutes=3)).isoformat()
+        drill = [{"labels": {"alertname": "SandboxDrill", "host": WATCHER, "severity": "warning"},
+                  "annotations": {"summary": "a drill alert for the refusing webhook"}, "endsAt": ends}]
+        assert requests.post(f"{alertmanager}/alerts", json=drill, timeout=10).status_code == 200
+        eventually("AlertmanagerNotificationsFailing firing",
+                   lambda: query('ALERTS{alertname="AlertmanagerNotificationsFailing",alertstate="firing"}'),
+                   timeout=120)
+        held = eventually("the Watchdog held back by it", lambda: (w := watchdog())["status"]["state"] == "suppressed"
+                          and set(w["status"]["inhibitedBy"]) & fingerprints("AlertmanagerNotificationsFailing")
+                          and w, timeout=60)
+        assert held["status"]["silencedBy"] == [], held
+        assert hook.received("SandboxDrill", "/alerts") == [], "the refusing webhook took nothing"
+
+
 def test_a_reload_that_failed_is_repaired_by_the_next_converge(sandbox):
     """Issue 53: rules made unparsable and loaded by a HUP (Prometheus keeps the old ones and says its reload failed),
     then the file put right: the converge reloads because Prometheus says so, not only when its files changed, and

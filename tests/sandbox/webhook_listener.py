@@ -1,6 +1,7 @@
 """The sandbox's alert receiver: a small HTTP listener on loopback that takes Alertmanager's webhook posts (the URL
-of the sandbox inventory's `alertmanager_webhook_url_file`), for the node tests (``WebhookListener``) and for a
-person watching the demo (`python -m tests.sandbox.webhook_listener`: prints each notification as it comes).
+of the sandbox inventory's `alertmanager_webhook_url_file`, path /alerts) and stands for the outside dead man's
+switch (`alertmanager_watchdog_url_file`, path /watchdog), for the node tests (``WebhookListener``) and for a person
+watching the demo (`python -m tests.sandbox.webhook_listener`: prints each notification as it comes).
 
 Alertmanager's webhook body: {"status": "firing"|"resolved", "alerts": [{"status", "labels", "annotations", ...}]}.
 """
@@ -21,6 +22,7 @@ class WebhookListener:
 
     def __init__(self, port: int = PORT):
         self.alerts: list[dict] = []
+        self.refused: set[str] = set()  # paths answered with 500 (a receiver whose token expired)
         self._lock = threading.Condition()
         listener = self
 
@@ -31,10 +33,12 @@ class WebhookListener:
                     alerts = json.loads(body).get("alerts", [])
                 except ValueError:
                     alerts = []
+                refused = self.path in listener.refused
                 with listener._lock:
-                    listener.alerts += [{**a, "received": time.time()} for a in alerts]
+                    if not refused:
+                        listener.alerts += [{**a, "received": time.time(), "path": self.path} for a in alerts]
                     listener._lock.notify_all()
-                self.send_response(200)
+                self.send_response(500 if refused else 200)
                 self.end_headers()
 
             def log_message(self, *args):
@@ -50,6 +54,12 @@ class WebhookListener:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    def received(self, alertname: str, path: str, since: float = 0.0) -> list[dict]:
+        """The notifications of ``alertname`` taken on ``path`` after ``since``."""
+        with self._lock:
+            return [a for a in self.alerts if a.get("labels", {}).get("alertname") == alertname
+                    and a["path"] == path and a["received"] >= since]
 
     def wait_for(self, alertname: str, host: str, status: str, timeout: float, since: float = 0.0) -> dict:
         """The first alert ``alertname`` on ``host`` with ``status`` received after ``since``; TimeoutError saying
@@ -79,6 +89,9 @@ def main() -> int:
                 time.sleep(1)
                 for alert in listener.alerts[seen:]:
                     labels = alert.get("labels", {})
+                    if alert["path"] == "/watchdog":
+                        print(f"dead man's switch: pinged by {labels.get('alertname')}", flush=True)
+                        continue
                     print(f"{alert.get('status'):8} {labels.get('alertname')} on {labels.get('host')}: "
                           f"{alert.get('annotations', {}).get('summary', '')}", flush=True)
                 seen = len(listener.alerts)

@@ -72,6 +72,7 @@ HEALTHY = [  # a serving head: every series the rules read, at good values (one 
     (f'prometheus_config_last_reload_successful{{job="prometheus",{L}}}', "1x20"),
     (f'prometheus_rule_evaluation_failures_total{{job="prometheus",{L}}}', "0x20"),
     (f'alertmanager_notifications_failed_total{{job="alertmanager",{L}}}', "0x20"),
+    (f'alertmanager_config_last_reload_successful{{job="alertmanager",{L}}}', "1x20"),
     (f'inference_nodes_deep_verify_ok{{job="node",{L}}}', "1x20"),
     (f'inference_nodes_deep_verify_timestamp_seconds{{job="node",{L}}}', "0x20"),
     (f'inference_nodes_deep_verify_max_age_seconds{{job="node",{L}}}', "100000x20"),
@@ -115,6 +116,8 @@ BROKEN = {
                                           "0 0 1x18"}, 2, 1, {"job": "prometheus"}),
     "AlertmanagerNotificationsFailing": ({f'alertmanager_notifications_failed_total{{job="alertmanager",{L}}}':
                                           "0 0 2x18"}, 2, 1, {"job": "alertmanager"}),
+    "AlertmanagerConfigReloadFailed": ({f'alertmanager_config_last_reload_successful{{job="alertmanager",{L}}}':
+                                        "1 1 0x18"}, 2, 1, {"job": "alertmanager"}),
     "MonitoringSelfScrapeDown": ({f'up{{job="alertmanager",{L}}}': "1 1 0x18"}, 4, 2, {"job": "alertmanager"}),
     "ModelDiskNearlyFull": ({f'inference_nodes_model_free_bytes{{job="node",{L}}}': f"{500 * 2**30} {500 * 2**30} {2**30}x18"},
                             4, 2, {"job": "node"}),
@@ -177,6 +180,15 @@ def test_the_watchdog_goes_to_its_own_receiver_and_nothing_else_does(tmp_path):
     assert receivers["webhook"]["webhook_configs"][0]["url"] == "https://hooks.example/a"
     nowhere = yaml.safe_load(mon_host.render_alertmanager(me, "https://hooks.example/a"))
     assert nowhere["route"]["routes"][0]["receiver"] == "none", "no dead man's switch: not to the alerts' webhook"
+    # while the alerting path fails (its own alerts may not reach anyone), the Watchdog is held back: the switch
+    # hears nothing and pages. Each name is a real alert; the Watchdog never holds itself back
+    [inhibit] = conf["inhibit_rules"]
+    assert inhibit["target_matchers"] == ['alertname="Watchdog"'], inhibit
+    [source] = inhibit["source_matchers"]
+    held_by = set(source.removeprefix('alertname=~"').removesuffix('"').split("|"))
+    assert held_by == {"AlertmanagerNotificationsFailing", "AlertmanagerConfigReloadFailed",
+                       "PrometheusConfigReloadFailed", "PrometheusRuleEvaluationFailures", "MonitoringSelfScrapeDown"}
+    assert held_by < {r["alert"] for r in mon_rules.alert_rules(me)} and "Watchdog" not in held_by
 
 
 def test_a_head_whose_vllm_stops_answering_on_loopback_is_down(promtool, tmp_path):
@@ -296,6 +308,30 @@ def test_validation_names_a_monitoring_setup_that_cannot_scrape(tmp_path):
         monitoring = ["n1"]
     """)
     assert set(validate_inventory(fine)) == {"n1", "n2"}
+
+
+def test_a_monitoring_host_without_a_dead_mans_switch_is_warned_about(tmp_path, capsys):
+    """Valid, but nothing pages when the monitoring host or its alerting path fails: said before the run (the
+    CLI's check and `python -m deploys.validate`), naming the host and the key."""
+    from deploys import validate as validate_cli
+    from deploys.schema.cross_host import monitoring_warnings
+
+    a = node_a()["node-a"]
+    body = """
+        one = [("n1", {a!r}), ("n2", {{**{a!r}, "cluster_name": "other", "ssh_hostname": "192.0.2.30", "endpoint_enabled": False, "monitoring_enabled": True,
+                                       "node_exporter_address": "192.0.2.30"{extra}}})]
+        monitoring = ["n2"]
+    """
+    unwatched = _inventory(tmp_path, body.format(a=a, extra=""))
+    [warning] = monitoring_warnings(unwatched, validate_inventory(unwatched))
+    assert warning.startswith("host n2: alertmanager_watchdog_url_file is unset: ") and "nothing pages" in warning
+    assert validate_cli.main([str(sorted(tmp_path.glob("inv*.py"))[-1])]) == 0
+    assert f"warning: {warning}" in capsys.readouterr().err
+    url = tmp_path / "dms-url"
+    url.write_text("https://dms.example/ping/abc\n")
+    url.chmod(0o600)
+    watched = _inventory(tmp_path, body.format(a=a, extra=f', "alertmanager_watchdog_url_file": "{url}"'))
+    assert monitoring_warnings(watched, validate_inventory(watched)) == []
 
 
 @pytest.mark.parametrize("keys,key", [
