@@ -378,7 +378,7 @@ def upload_private(src, dest: str):
 
 
 @operation()
-def secret_file(src, dest: str, batch: tuple[str, ...] = (), private_dir: bool = True):
+def secret_file(src, dest: str, batch: tuple[str, ...] = (), private_dir: bool = True, resets: str | None = None):
     """Write a file that holds (or may hold) a secret: mode 0600 root, its content never printed (files.put
     would show it under --diff), never lying in a file other users can read on the way (under ``_sudo`` the
     upload passes only through a 0700 directory of the SSH user), and replaced whole: the content goes into a
@@ -389,6 +389,7 @@ def secret_file(src, dest: str, batch: tuple[str, ...] = (), private_dir: bool =
     + dest: node path
     + batch: as atomic_put's (the deploy's managed files, read in one round trip)
     + private_dir: make the parent directory 0700 (a directory of secrets); else only create it
+    + resets: as atomic_put's (a follow-up stamp removed before ``dest`` is replaced)
     """
     data, remote = _content_and_remote(src, dest, batch)
     if remote and (remote["sha1"], remote["user"], remote["group"], remote["mode"]) == (
@@ -397,6 +398,8 @@ def secret_file(src, dest: str, batch: tuple[str, ...] = (), private_dir: bool =
         return
     parent, name = posixpath.split(dest)
     tmp = f"{parent}/.{name}.inference-nodes-tmp"
+    if resets:
+        yield StringCommand("rm", "-f", QuoteString(resets))
     if private_dir:
         yield StringCommand("install", "-d", "-m", "0700", "-o", "root", "-g", "root", QuoteString(parent))
     else:

@@ -4,6 +4,7 @@ the alert rules, Alertmanager posting to the webhook of `alertmanager_webhook_ur
 
 from __future__ import annotations
 
+import hashlib
 from io import StringIO
 
 import yaml
@@ -241,6 +242,23 @@ def host_reads(batch: tuple[str, ...] = HOST_FILES) -> list:
             *follow_up_reads("prometheus-unit", "prometheus-reload", "alertmanager-unit")]
 
 
+def loaded_path(unit: str, credential: str) -> str:
+    """systemd's copy of a ``LoadCredential=`` file, made when the unit started: what the running program reads (a
+    reload rereads this copy, so a changed file takes effect only by a restart)."""
+    return f"/run/credentials/{unit}.service/{credential}"
+
+
+def loaded_differs(loaded: dict[str, dict | None], contents: dict[str, str]) -> bool:
+    """Whether a running unit's credential copies (``loaded``: ManagedFiles' answer by path) hold other bytes than
+    ``contents`` (path -> what the deploy writes). No copy at all: the unit is not running (its start copies them);
+    one missing among others, or one that differs: a hand edit that a restart loaded, or a write whose restart never
+    ran. The follow-up's stamp cannot tell: it says only what a converge applied last."""
+    if all(info is None for info in loaded.values()):
+        return False
+    return any(loaded.get(path) is None or loaded[path]["sha1"] != hashlib.sha1(text.encode()).hexdigest()
+               for path, text in contents.items())
+
+
 def reload_reads(me: NodeConfig) -> list:
     """The running Prometheus's word on its last reload (read with the monitoring host's other reads)."""
     return [(PrometheusReload, {"helper": RELOAD_CHECK, "port": me.prometheus_port})]
@@ -272,7 +290,9 @@ def monitoring_host():
     configs = inventory_configs(host.inventory)
     keys = scrape_keys(configs, watcher)
     batch = (*HOST_FILES, RELOAD_CHECK, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
-    expect([*host_reads(batch), *reload_reads(me)])
+    am_loaded = {loaded_path(ALERTMANAGER, "alertmanager.yml"): None}
+    keys_loaded = {loaded_path(PROMETHEUS, scrape_key_id(h)): h for h in keys}
+    expect([*host_reads(batch), *reload_reads(me), (ManagedFiles, {"paths": (*am_loaded, *keys_loaded)})])
     webhook = read_webhook_url(me.alertmanager_webhook_url_file) if me.alertmanager_webhook_url_file else None
     watchdog = read_webhook_url(me.alertmanager_watchdog_url_file) if me.alertmanager_watchdog_url_file else None
     ours = {"prometheus": PROMETHEUS, "prometheus-alertmanager": ALERTMANAGER, "prometheus-node-exporter": EXPORTER}
@@ -284,17 +304,22 @@ def monitoring_host():
                        recommends=False)
     for head, key in keys.items():
         secret_file(name=f"Install the key Prometheus reads {head}'s vLLM metrics with (0600, never printed)",
-                    src=StringIO(key + "\n"), dest=scrape_key_path(head), batch=batch, private_dir=False)
+                    src=StringIO(key + "\n"), dest=scrape_key_path(head), batch=batch, private_dir=False,
+                    resets=follow_up_stamp("prometheus-unit"))
         if configs[head].endpoint_tls_ca:
             atomic_put(name=f"Install the CA {head}'s endpoint is checked with", src=configs[head].endpoint_tls_ca,
                        dest=ca_path(head), batch=batch)
     alertmanager_conf = render_alertmanager(me, webhook, watchdog)
+    # each write below removes its follow-up's stamp: a hand edit that was loaded, then put right by this write,
+    # is applied again (the stamp alone says the restored content was applied already)
     secret_file(name="Install Alertmanager's configuration (0600: the webhook URL may carry a token)",
-                src=StringIO(alertmanager_conf), dest=ALERTMANAGER_CONF, batch=batch, private_dir=False)
+                src=StringIO(alertmanager_conf), dest=ALERTMANAGER_CONF, batch=batch, private_dir=False,
+                resets=follow_up_stamp("alertmanager-unit"))
     conf, rules = render_prometheus(configs, me, watcher), render_rules(me)
     atomic_put(name="Install Prometheus's scrape configuration (from the inventory)", src=StringIO(conf),
-               dest=PROMETHEUS_CONF, batch=batch)
-    atomic_put(name="Install the toolkit's alert rules", src=StringIO(rules), dest=RULES, batch=batch)
+               dest=PROMETHEUS_CONF, batch=batch, resets=follow_up_stamp("prometheus-reload"))
+    atomic_put(name="Install the toolkit's alert rules", src=StringIO(rules), dest=RULES, batch=batch,
+               resets=follow_up_stamp("prometheus-reload"))
     atomic_put(name="Install the Grafana dashboard (for a lab's Grafana to import)", src=StringIO(render_dashboard()),
                dest=DASHBOARD, batch=batch)
     units = {}
@@ -305,16 +330,21 @@ def monitoring_host():
                    resets=follow_up_stamp(f"{unit.removeprefix('inference-nodes-')}-unit"))
     key_paths = tuple(scrape_key_path(h) for h in keys)
     path, text = units[PROMETHEUS]
+    loaded = read(host, ManagedFiles, paths=(*am_loaded, *keys_loaded))
     follow_up_done(name="Apply Prometheus's unit and scrape keys (daemon-reload, restart)", stamp="prometheus-unit",
                    command=f"systemctl daemon-reload && systemctl restart {PROMETHEUS}.service",
-                   paths=(path, *key_paths), contents=(text, *(keys[h] + "\n" for h in keys)))
+                   paths=(path, *key_paths), contents=(text, *(keys[h] + "\n" for h in keys)),
+                   needed=loaded_differs({p: loaded.get(p) for p in keys_loaded},
+                                         {p: keys[h] + "\n" for p, h in keys_loaded.items()}))
     stale_scrape_files_removed(name="Remove the scrape keys and CAs of heads no longer scraped through an endpoint",
                                keep=tuple(scrape_key_path(h) for h in keys) + tuple(
                                    ca_path(h) for h in keys if configs[h].endpoint_tls_ca))
     path, text = units[ALERTMANAGER]
     follow_up_done(name="Apply Alertmanager's unit and configuration (daemon-reload, restart)", stamp="alertmanager-unit",
                    command=f"systemctl daemon-reload && systemctl restart {ALERTMANAGER}.service",
-                   paths=(path, ALERTMANAGER_CONF), contents=(text, alertmanager_conf))
+                   paths=(path, ALERTMANAGER_CONF), contents=(text, alertmanager_conf),
+                   needed=loaded_differs({p: loaded.get(p) for p in am_loaded},
+                                         {p: alertmanager_conf for p in am_loaded}))
     for unit in (ALERTMANAGER, PROMETHEUS):
         unit_running(name=f"Start and enable {unit}.service", unit=f"{unit}.service")
     atomic_put(name="Install the check that Prometheus loaded its files", src=helper_path("monitoring/prometheus_loaded.py"),

@@ -124,9 +124,9 @@ def test_a_failing_alerts_webhook_holds_the_watchdog_back_so_the_dead_mans_switc
 
     alertmanager = f"http://127.0.0.1:{_configs()[WATCHER].alertmanager_port}/api/v2"
 
-    def watchdog() -> dict:
-        [alert] = requests.get(f"{alertmanager}/alerts", params={"filter": 'alertname="Watchdog"'}, timeout=10).json()
-        return alert
+    def watchdog() -> dict | None:
+        alerts = requests.get(f"{alertmanager}/alerts", params={"filter": 'alertname="Watchdog"'}, timeout=10).json()
+        return alerts[0] if alerts else None  # (none for a moment after Alertmanager restarted)
 
     def fingerprints(name: str) -> set[str]:
         return {a["fingerprint"] for a in
@@ -142,20 +142,35 @@ def test_a_failing_alerts_webhook_holds_the_watchdog_back_so_the_dead_mans_switc
         eventually("AlertmanagerNotificationsFailing firing",
                    lambda: query('ALERTS{alertname="AlertmanagerNotificationsFailing",alertstate="firing"}'),
                    timeout=120)
-        held = eventually("the Watchdog held back by it", lambda: (w := watchdog())["status"]["state"] == "suppressed"
+        held = eventually("the Watchdog held back by it", lambda: (w := watchdog()) and w["status"]["state"] == "suppressed"
                           and set(w["status"]["inhibitedBy"]) & fingerprints("AlertmanagerNotificationsFailing")
                           and w, timeout=60)
         assert held["status"]["silencedBy"] == [], held
         assert hook.received("SandboxDrill", "/alerts") == [], "the refusing webhook took nothing"
 
 
-def test_a_reload_that_failed_is_repaired_by_the_next_converge(sandbox):
+def test_a_reload_that_failed_or_a_hand_edit_loaded_is_repaired_by_the_next_converge(sandbox):
     """Issue 53: rules made unparsable and loaded by a HUP (Prometheus keeps the old ones and says its reload failed),
     then the file put right: the converge reloads because Prometheus says so, not only when its files changed, and
-    the reload step waits for Prometheus's own word that it loaded them."""
+    the reload step waits for Prometheus's own word that it loaded them. In the same converge, Alertmanager's
+    configuration edited by hand and loaded (its Watchdog inhibition gone): the converge writes it back and
+    applies it, although the content it writes is the one it applied before."""
     from tests.node.conftest import changed_operations, pyinfra
 
     reload_step = "Monitoring host | Reload Prometheus after a change of targets or rules (promtool checks them first)"
+    am_steps = ["Monitoring host | Install Alertmanager's configuration (0600: the webhook URL may carry a token)",
+                "Monitoring host | Apply Alertmanager's unit and configuration (daemon-reload, restart)"]
+    status = f"http://127.0.0.1:{_configs()[WATCHER].alertmanager_port}/api/v2/status"
+
+    def am_inhibits() -> bool:  # what the running Alertmanager loaded (never printed: it holds the webhook URLs)
+        return "inhibit_rules" in requests.get(status, timeout=10).json()["config"]["original"]
+
+    assert am_inhibits()
+    # (Alertmanager reads systemd's credential copy of the file: only a restart loads an edit)
+    edit = (f"sed -i '/^inhibit_rules:/,$d' {mon_host.ALERTMANAGER_CONF} && "
+            f"systemctl restart {mon_host.ALERTMANAGER}.service")
+    assert on_node(WATCHER, edit).returncode == 0
+    eventually("Alertmanager loaded the hand edit", lambda: not am_inhibits(), timeout=30)
     loaded = "python3 /usr/local/lib/inference-nodes/prometheus_loaded.py 9190"
     good = on_node(WATCHER, f"cat {mon_host.RULES}").stdout
     assert good and on_node(WATCHER, loaded).stdout.strip() == "loaded"
@@ -170,6 +185,7 @@ def test_a_reload_that_failed_is_repaired_by_the_next_converge(sandbox):
     # the file right again (as a converge that ran before would leave it): only Prometheus's word says to reload
     assert on_node(WATCHER, f"mv /root/rules.good {mon_host.RULES}").returncode == 0
     changed = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", WATCHER))
-    assert changed == [(reload_step, [WATCHER])], changed
+    assert changed == [(am_steps[0], [WATCHER]), (am_steps[1], [WATCHER]), (reload_step, [WATCHER])], changed
     assert on_node(WATCHER, loaded).stdout.strip() == "loaded"
+    eventually("Alertmanager runs the inventory's configuration again", am_inhibits, timeout=30)
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", WATCHER)) == []

@@ -480,3 +480,24 @@ def test_an_unreadable_journal_between_two_counts_pages_nothing_and_an_applicati
                    {"exp_labels": labels, "exp_annotations": {"summary": _summary("GpuXidErrors", me, labels)}}]}]
     out = _run_promtool_test(promtool, tmp_path, me, series, checks)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_running_unit_whose_credential_copy_differs_from_what_the_converge_writes_is_restarted():
+    """Alertmanager and Prometheus read their configuration and keys through LoadCredential=: systemd's copy made at
+    the start is what runs. A hand edit loaded by a restart, then the file put right by a converge, leaves the stamp
+    saying the right content was applied; the copy says otherwise."""
+    import hashlib
+
+    good, edited = "route: {}\ninhibit_rules: []\n", "route: {}\n"
+    copy = mon_host.loaded_path(mon_host.ALERTMANAGER, "alertmanager.yml")
+    assert copy == "/run/credentials/inference-nodes-alertmanager.service/alertmanager.yml"
+
+    def info(text):
+        return {"user": "root", "group": "root", "mode": 400, "sha1": hashlib.sha1(text.encode()).hexdigest()}
+
+    assert mon_host.loaded_differs({copy: info(edited)}, {copy: good})
+    assert not mon_host.loaded_differs({copy: info(good)}, {copy: good})
+    assert not mon_host.loaded_differs({copy: None}, {copy: good}), "not running: its start copies the file"
+    a, b = (mon_host.loaded_path(mon_host.PROMETHEUS, mon_host.scrape_key_id(h)) for h in ("a", "b"))
+    assert mon_host.loaded_differs({a: info("k1\n"), b: None}, {a: "k1\n", b: "k2\n"}), "a key it never loaded"
+    assert not mon_host.loaded_differs({}, {}), "no scrape key at all"
