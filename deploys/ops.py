@@ -135,10 +135,16 @@ def follow_up_done(stamp: str, command, paths: tuple[str, ...], contents: tuple[
         host.noop(f"done after the current {', '.join(paths)} ({path})")
         return
     yield command if isinstance(command, StringCommand) else StringCommand("sh", "-c", QuoteString(command))
-    # 0600: a fingerprint of files that hold secrets (a key, a webhook URL) is not for other users to test guesses on
-    record = (f"umask 077 && mkdir -p {FOLLOW_UP_DIR} && {files_fingerprint_command(paths)} > {path}.tmp && "
-              f"mv -f {path}.tmp {path}")
-    yield StringCommand("sh", "-c", QuoteString(record))
+    yield StringCommand("sh", "-c", QuoteString(follow_up_record_command(stamp, paths)))
+
+
+def follow_up_record_command(stamp: str, paths: tuple[str, ...]) -> str:
+    """Shell: record that ``stamp``'s follow-up succeeded after ``paths`` as they are now (run once it did: by
+    follow_up_done, or by a step that applies the files itself). 0600: a fingerprint of files that hold secrets (a
+    key, a webhook URL) is not for other users to test guesses on."""
+    path = follow_up_stamp(stamp)
+    return (f"umask 077 && mkdir -p {FOLLOW_UP_DIR} && {files_fingerprint_command(paths)} > {path}.tmp && "
+            f"mv -f {path}.tmp {path}")
 
 
 def _content_and_remote(src, dest: str, batch: tuple[str, ...]) -> tuple[bytes, dict | None]:
@@ -155,6 +161,12 @@ def _content_and_remote(src, dest: str, batch: tuple[str, ...]) -> tuple[bytes, 
     return data, read(host, ManagedFiles, paths=paths).get(dest)
 
 
+def _holds(remote: dict | None, data: bytes, user: str, group: str, mode: str) -> bool:
+    """Whether a file as ManagedFiles read it (None: none) holds ``data`` with this owner and mode."""
+    return bool(remote) and (remote["sha1"], remote["user"], remote["group"], remote["mode"]) == (
+        hashlib.sha1(data).hexdigest(), user, group, int(mode))
+
+
 def until_marker_command(path: str, seconds: int) -> str:
     """Shell: write ``path`` as ``{"until": <the node's clock now + seconds>}``, renamed into place: a marker that a
     converge writes for work it may not live to finish, which stops counting by itself at its bound (the switch
@@ -165,7 +177,8 @@ def until_marker_command(path: str, seconds: int) -> str:
 
 @operation()
 def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: str = "0644",
-               create_remote_dir: bool = True, batch: tuple[str, ...] = (), resets: str | None = None):
+               create_remote_dir: bool = True, batch: tuple[str, ...] = (), resets: str | None = None,
+               same_as: str | None = None):
     """Like files.put, but a killed run never leaves a half-written file in place: the content is
     uploaded next to ``dest`` and renamed over it (pyinfra writes in place when it does not sudo).
 
@@ -177,12 +190,15 @@ def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: st
       round trip, once per run (deploys/run/reads.py)
     + resets: a follow-up stamp (``follow_up_stamp``) removed before ``dest`` is replaced, so the follow-up
       runs again even for content it applied before (a hand edit that was applied in between)
+    + same_as: another file (in ``batch``) whose holding exactly this content, owner and mode makes the write
+      unneeded: a staged copy of a live file (deploys/service/unit.py staged_path)
     """
     data, remote = _content_and_remote(src, dest, batch)
-    if remote and (remote["sha1"], remote["user"], remote["group"], remote["mode"]) == (
-        hashlib.sha1(data).hexdigest(), user, group, int(mode)
-    ):
+    if _holds(remote, data, user, group, mode):
         host.noop(f"{dest} is up to date")
+        return
+    if same_as and _holds(_content_and_remote(src, same_as, batch)[1], data, user, group, mode):
+        host.noop(f"{same_as} holds it already")
         return
     tmp = posixpath.join(posixpath.dirname(dest), f".{posixpath.basename(dest)}.inference-nodes-tmp")
     if resets:
@@ -378,7 +394,8 @@ def upload_private(src, dest: str):
 
 
 @operation()
-def secret_file(src, dest: str, batch: tuple[str, ...] = (), private_dir: bool = True, resets: str | None = None):
+def secret_file(src, dest: str, batch: tuple[str, ...] = (), private_dir: bool = True, resets: str | None = None,
+                same_as: str | None = None):
     """Write a file that holds (or may hold) a secret: mode 0600 root, its content never printed (files.put
     would show it under --diff), never lying in a file other users can read on the way (under ``_sudo`` the
     upload passes only through a 0700 directory of the SSH user), and replaced whole: the content goes into a
@@ -390,11 +407,14 @@ def secret_file(src, dest: str, batch: tuple[str, ...] = (), private_dir: bool =
     + batch: as atomic_put's (the deploy's managed files, read in one round trip)
     + private_dir: make the parent directory 0700 (a directory of secrets); else only create it
     + resets: as atomic_put's (a follow-up stamp removed before ``dest`` is replaced)
+    + same_as: as atomic_put's (a live file whose holding this content, 0600 root, makes the write unneeded)
     """
     data, remote = _content_and_remote(src, dest, batch)
-    if remote and (remote["sha1"], remote["user"], remote["group"], remote["mode"]) == (
-            hashlib.sha1(data).hexdigest(), "root", "root", 600):
+    if _holds(remote, data, "root", "root", "0600"):
         host.noop(f"{dest} up to date (0600)")
+        return
+    if same_as and _holds(_content_and_remote(src, same_as, batch)[1], data, "root", "root", "0600"):
+        host.noop(f"{same_as} holds it already (0600)")
         return
     parent, name = posixpath.split(dest)
     tmp = f"{parent}/.{name}.inference-nodes-tmp"

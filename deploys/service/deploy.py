@@ -6,6 +6,7 @@ serves (deploys/service/switch.py); the head records the release it passed with 
 
 from __future__ import annotations
 
+import hashlib
 from io import StringIO
 
 from pyinfra.api import deploy
@@ -15,14 +16,15 @@ from pyinfra.facts.systemd import SystemdStatus
 from deploys.endpoint import closed_flag_path
 from deploys.inventory import cluster_member_names, node_cluster, node_config
 from deploys.model.snapshot import STAMP
-from deploys.ops import atomic_put, directory_present, follow_up_done, follow_up_reads, follow_up_stamp, secret_file
+from deploys.ops import atomic_put, directory_present, follow_up_reads, secret_file
 from deploys.run.held import release_held
 from deploys.run.reads import expect
 from deploys.schema import NodeConfig
 from deploys.service.launch_check import args_check_command, vllm_accepts
 from deploys.service.prune import prune_reads, releases_pruned
 from deploys.service.release import gate_record_path, release_of
-from deploys.service.restart import cluster_changes_whole, endpoint_closed_for_the_switch, service_current
+from deploys.service.restart import (cluster_changes_whole, endpoint_closed_for_the_switch, service_current,
+                                     service_files_placed)
 from deploys.service.backoff import backoff_reads, backoff_reset_installed
 from deploys.service.switch import service_serving, switch_leftovers
 from deploys.service.unit import (
@@ -37,6 +39,7 @@ from deploys.service.unit import (
     render_service_env,
     served_model_name,
     service_env_path,
+    staged_path,
     started_from_path,
     vllm_argv,
 )
@@ -55,7 +58,8 @@ def inference_service():
     unit_text = render_container(cfg, head, nodes, cluster.members)
     unit_path = f"{UNIT_DIR}/{cfg.container_name}.container"
     env_path = service_env_path(cfg)
-    batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, unit_path, env_path)  # read in one round trip
+    staged_paths = (staged_path(unit_path), staged_path(env_path))
+    batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, unit_path, env_path, *staged_paths)  # one round trip
     service = f"{cfg.container_name}.service"
     started = started_from_path(cfg)
     volume_dirs = [p for p in (cfg.jit_cache_dir, cfg.container_tmp_dir) if p]
@@ -83,21 +87,25 @@ def inference_service():
     members = cluster_member_names()
     cluster_changes_whole(name="Change a multi-node cluster only as a whole", unit_path=unit_path, unit_text=unit_text,
                           cluster=cfg.cluster_name, members=members)
-    secret_file(batch=batch, name="Write the service environment (0600, never printed)",
-                src=StringIO(render_service_env(cfg, head, nodes)), dest=env_path, private_dir=False)
-    atomic_put(batch=batch, name="Install the Quadlet unit", src=StringIO(unit_text), dest=unit_path,
-               user="root", group="root", mode="0644", create_remote_dir=True, resets=follow_up_stamp(QUADLET_STAMP))
-    follow_up_done(name="Run the Quadlet generator (daemon-reload)", stamp=QUADLET_STAMP,
-                   command="systemctl daemon-reload", paths=(unit_path,), contents=(unit_text,))
+    env_text = render_service_env(cfg, head, nodes)
     fp = fingerprint(unit_text, cfg, head, nodes)
     record = gate_record_path(cfg)
+    # written beside the live files, out of systemd's reach (deploys/service/unit.py staged_path), when they differ
+    secret_file(batch=batch, name="Stage the new service environment (0600, never printed)", src=StringIO(env_text),
+                dest=staged_path(env_path), same_as=env_path)
+    atomic_put(batch=batch, name="Stage the new Quadlet unit", src=StringIO(unit_text), dest=staged_path(unit_path),
+               user="root", group="root", mode="0644", create_remote_dir=True, same_as=unit_path)
+    staged = ((unit_path, hashlib.sha256(unit_text.encode()).hexdigest()),
+              (env_path, hashlib.sha256(env_text.encode()).hexdigest()))
+    service_files_placed(name="Put the unit and environment in place (now, or at the restart once the door closed)",
+                         service=service, started_from=started, fingerprint=fp, staged=staged, batch=batch)
     if cfg.is_head and cfg.endpoint_enabled:
         endpoint_closed_for_the_switch(name="Close the endpoint to new requests before a restart", service=service,
                                        started_from=started, fingerprint=fp, flag=closed_flag_path(cfg))
     service_current(name="Start or update workers (rank > 0) before heads", service=service, started_from=started,
-                    fingerprint=fp, record=record, act=not cfg.is_head)
+                    fingerprint=fp, record=record, act=not cfg.is_head, staged=staged)
     service_current(name="Start or update heads and single nodes", service=service, started_from=started,
-                    fingerprint=fp, record=record, act=cfg.is_head)
+                    fingerprint=fp, record=record, act=cfg.is_head, staged=staged)
     service_serving(name="Wait until it serves (heads: /health and the serving gate)", service=service,
                     started_from=started, fingerprint=fp, release=release_of(cfg, fp), record=record,
                     head=cfg.is_head, workers=tuple(members[1:]) if cfg.is_head else (),

@@ -9,17 +9,19 @@ import posixpath
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand
-from pyinfra.facts.files import Sha256File
+from pyinfra.facts.files import FileContents, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
 
 from deploys.inventory import node_config
 from deploys.model.snapshot import GATE, STAMP
-from deploys.ops import cluster_all_here, host_failed, sudo_args
+from deploys.ops import cluster_all_here, follow_up_record_command, follow_up_stamp, host_failed, sudo_args
 from deploys.run.reads import operation, read, run_on
 from deploys.run.state import kept
 from deploys.service.door import drain, switch_marker_command
 from deploys.service.release import as_released, gate_record_path
+from deploys.service.unit import QUADLET_STAMP, staged_install_command, staged_path
 from facts.containers import GatePassed, ServiceStartedFrom
+from facts.host import ManagedFiles
 
 
 def restart_reason(running: bool, start: dict, fingerprint: str) -> str | None:
@@ -58,7 +60,41 @@ def cluster_changes_whole(unit_path: str, unit_text: str, cluster: str, members:
 
 
 @operation()
-def service_current(service: str, started_from: str, fingerprint: str, record: str, act: bool = True):
+def service_files_placed(service: str, started_from: str, fingerprint: str, staged: tuple[tuple[str, str], ...],
+                         batch: tuple[str, ...]):
+    """The unit and environment the converge staged (``staged_path``) go in place now when no (re)start of the
+    service follows in this run (a hand edit never applied is undone, and the generator runs); else the restart
+    step puts them in place after the door closed, so that until then an exit of the running release restarts
+    that release. Where the live files already hold what is rendered: staged copies left by a killed run go, and
+    the generator runs if a killed run never ran it.
+
+    + service: the generated service name
+    + started_from: the file the unit writes at each start
+    + fingerprint: hash of the rendered unit and fabric env
+    + staged: (live path, sha256 of its rendered content) for the unit and the environment
+    + batch: the deploy's managed files (the live and staged paths among them)
+    """
+    on_node = read(host, ManagedFiles, paths=batch)
+    unit = next(live for live, _ in staged if live.endswith(".container"))
+    if all(on_node.get(staged_path(live)) is None for live, _ in staged):
+        stamp = read(host, FileContents, path=follow_up_stamp(QUADLET_STAMP))
+        if stamp and stamp[0].strip() == dict(staged)[unit]:  # (the stamp of one file: the sha256 of its content)
+            host.noop("the unit and environment in place are the rendered ones")
+            return
+        yield StringCommand("sh", "-c", QuoteString(f"systemctl daemon-reload && "
+                                                    f"{follow_up_record_command(QUADLET_STAMP, (unit,))}"))
+        return
+    running = read(host, SystemdStatus, services=[service]).get(service)
+    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
+    if restart_reason(running, start, fingerprint) is not None:
+        host.noop(f"staged: {service}'s restart puts them in place, once its door closed")
+        return
+    yield StringCommand("sh", "-c", QuoteString(staged_install_command(staged)))
+
+
+@operation()
+def service_current(service: str, started_from: str, fingerprint: str, record: str, act: bool = True,
+                    staged: tuple[tuple[str, str], ...] = ()):
     """Start ``service`` if it is down; restart it if it started from anything but the rendered unit and
     fabric env or from another verified snapshot (``restart_reason``); else leave it alone.
     The model gate runs first so a bad snapshot is reported here, not only in the journal.
@@ -68,6 +104,8 @@ def service_current(service: str, started_from: str, fingerprint: str, record: s
     + fingerprint: hash of the rendered unit and fabric env
     + record: the head's gate record, removed before a (re)start: the new start has passed no gate yet
     + act: False for hosts whose turn is another operation (workers start before heads)
+    + staged: (live path, sha256) of each file this converge staged (``staged_path``): put in place just before
+      the (re)start, after the door closed
     """
     if not act:
         host.noop("started in the other rank-ordered step")
@@ -80,18 +118,21 @@ def service_current(service: str, started_from: str, fingerprint: str, record: s
         return
     if running and start["unit"] == fingerprint and start["verified"]:
         logger.info(f"{host.name}: {reason.replace('it started', f'{service} started')}: restarting it")
-    yield FunctionCommand(_switch_started, (service, record, bool(running), node_config().is_head), {})
+    yield FunctionCommand(_switch_started, (service, record, bool(running), node_config().is_head, staged), {})
 
 
-def _switch_started(state, host, service: str, record: str, running: bool, head: bool) -> bool:
+def _switch_started(state, host, service: str, record: str, running: bool, head: bool,
+                    staged: tuple[tuple[str, str], ...] = ()) -> bool:
     """Execute time: the model gate, then the gate record goes (the new start has passed no gate yet), the switch
-    marker is written, and the service (re)starts. A worker whose switch fails here tells its head (which stops
+    marker is written, the staged unit and environment are put in place, and the service (re)starts. A worker whose switch fails here tells its head (which stops
     waiting and rolls the cluster back); a head whose own start fails goes on to its wait, which sees the failed
     unit and takes the switch's failure rows (deploys/service/outcome.py): rollback, record, a failed verdict."""
     sudo = sudo_args(host)
     steps = ((StringCommand(GATE), "the model gate refused its snapshot"),
              (StringCommand("sh", "-c", QuoteString(f"rm -f {record} && {switch_marker_command(node_config(host))}")),
               "its gate record or switch marker could not be written"),
+             *([(StringCommand("sh", "-c", QuoteString(staged_install_command(staged))),
+                 "its new unit and environment could not be put in place")] if staged else []),
              (StringCommand("systemctl", "restart" if running else "start", service), f"{service} did not start"))
     for number, (command, what) in enumerate(steps):
         ok, out = run_on(host, command, **sudo)

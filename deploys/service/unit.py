@@ -16,7 +16,7 @@ import shlex
 
 from deploys.host_tuning import render_fabric_env
 from deploys.model.snapshot import GATE, STAMP
-from deploys.ops import content_fingerprint, files_fingerprint_command
+from deploys.ops import content_fingerprint, files_fingerprint_command, follow_up_record_command
 from deploys.schema import NodeConfig, cluster_head, cluster_of
 from deploys.unit_text import command_line, env_file_line
 from files import helper_path
@@ -256,6 +256,33 @@ def render_cluster(configs: dict[str, NodeConfig]) -> dict[str, str]:
 
 
 QUADLET_STAMP = "inference-service-quadlet"  # follow-up stamp (deploys/ops.py follow_up_done)
+STAGE_DIR = "/var/lib/inference-nodes/staged"  # 0700 root
+
+
+def staged_path(live: str) -> str:
+    """Where a converge writes the unit or the service environment of a switch still ahead: out of systemd's reach
+    (Quadlet reads UNIT_DIR at a daemon-reload, which apt or a person may run at any time; a start reads the env
+    file), so an exit of the running release restarts that release, never the new one ungated behind an open door.
+    The node's restart step puts them in place (``staged_install_command``), after the door closed."""
+    return f"{STAGE_DIR}/{live.rsplit('/', 1)[-1]}"
+
+
+def staged_install_command(files: tuple[tuple[str, str], ...]) -> str:
+    """Shell: each (live path, sha256 of the content this converge rendered for it) whose staged copy holds exactly
+    that content is put in place (copied beside the live file and renamed over it: whole or not at all); a staged
+    copy that holds anything else (an older run's) is removed and the live file kept. When one was put in place, the
+    Quadlet generator runs and its follow-up is recorded as done for what is in place."""
+    moves = "".join(
+        f"s={shlex.quote(staged_path(live))}; l={shlex.quote(live)}; "
+        f"if [ -f \"$s\" ] && [ \"$(sha256sum < \"$s\" | cut -c1-64)\" = {digest} ]; then "
+        f"mkdir -p \"$(dirname \"$l\")\" && cp -p \"$s\" \"$l.inference-nodes-tmp\" && "
+        f"mv -f \"$l.inference-nodes-tmp\" \"$l\" || exit 1; moved=1; fi; rm -f \"$s\"; "
+        for live, digest in files)
+    unit = next(live for live, _ in files if live.endswith(".container"))
+    return (f"moved=0; {moves}if [ $moved = 1 ]; then systemctl daemon-reload && "
+            f"{follow_up_record_command(QUADLET_STAMP, (unit,))}; fi")
+
+
 ROCE_HELPER = "/usr/local/lib/inference-nodes/roce_gid.py"
 ARGS_CHECK = "/usr/local/lib/inference-nodes/check_vllm_args.py"
 JOB_PROBE = "/usr/local/lib/inference-nodes/job_probe.py"

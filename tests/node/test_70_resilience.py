@@ -178,13 +178,37 @@ def test_preflight_refuses_a_fabric_address_the_node_does_not_have(sandbox, tmp_
 @pytest.mark.lifecycle
 @pytest.mark.endpoint
 def test_a_converge_killed_between_restart_and_gate_leaves_the_door_closed_and_the_next_gates_it(sandbox):
-    """SIGKILL while a head's new start waits for its gate: the release that runs has passed no gate, so the endpoint
+    """SIGKILL once the converge staged the new unit: an exit of the running release restarts that release. Then
+    SIGKILL while a head's new start waits for its gate: the release that runs has passed no gate, so the endpoint
     stays closed (no client gets its answers) and the node's metrics say it is not gated (ReleaseNotGated after its
     bound); the next converge finds the state as it is, gates the release that runs and opens the door."""
     node, flag = "sandbox-a", "/var/lib/inference-nodes-endpoint/grandpa.closed"
     record = "/var/lib/inference-nodes/grandpa.gate-passed.json"
     textfile = "/var/lib/inference-nodes/metrics/inference_nodes.prom"
     change = ["--limit", node, "--data", "service_restart_sec=31"]  # another unit: a restart
+    # Issue 51, first: the new unit waits out of systemd's reach until the restart step. A converge killed once it
+    # staged it, then a daemon-reload (apt's) and an exit of the running release: systemd restarts the running
+    # release from its own files, never the new one ungated behind an open door.
+    staged, live = "/var/lib/inference-nodes/staged/grandpa.container", "/etc/containers/systemd/grandpa.container"
+    started, pid = "/run/inference-nodes/grandpa.started-from", "systemctl show -p MainPID --value grandpa.service"
+    before, old_pid = on_node(node, f"cat {started}").stdout, on_node(node, pid).stdout.strip()
+    proc = subprocess.Popen([PYINFRA, "-y", INVENTORY, "deploys/all.py", *change], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    waited = on_node(node, f"for i in $(seq 6000); do grep -qs '^RestartSec=31$' {staged} && exit 0; sleep 0.1; "
+                           "done; exit 1")  # on the node: no round trip between the staging and the kill
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert waited.returncode == 0, "the converge staged no unit within 600 s"
+    assert on_node(node, f"grep -q '^RestartSec=31$' {live}").returncode != 0, "the new unit went in place unswitched"
+    assert on_node(node, "systemctl daemon-reload && systemctl kill -s KILL grandpa.service").returncode == 0
+    deadline = time.monotonic() + 300
+    while on_node(node, pid).stdout.strip() in ("", "0", old_pid) or on_node(node, f"test -s {started}").returncode:
+        assert time.monotonic() < deadline, "systemd did not restart the killed release"
+        time.sleep(2)
+    assert on_node(node, f"cat {started}").stdout == before, "the restart started from other files than the release's"
+    assert on_node(node, "systemctl show -p RestartUSec --value grandpa.service").stdout.strip() != "31s"
+    # then the switch itself, killed between its restart and its gate
     proc = subprocess.Popen([PYINFRA, "-y", INVENTORY, "deploys/all.py", *change], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 600
