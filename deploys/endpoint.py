@@ -133,7 +133,7 @@ def render_conf(cfg: NodeConfig) -> str:
             if (-f {closed_flag_path(cfg)}) {{ add_header Retry-After {RETRY_AFTER_S} always; return 503 '{CLOSED_BODY}'; }}
             if ($request_method !~ ^{_methods(ENDPOINT_ROUTES[route])}$) {{ add_header Allow "{ENDPOINT_ROUTES[route]}" always; {refusal(405)} }}
             limit_req zone=endpoint_clients burst={cfg.endpoint_rate_burst} nodelay;
-            limit_conn endpoint_inflight {cfg.endpoint_key_concurrency};
+            limit_conn endpoint_inflight {cfg.key_concurrency};
             proxy_pass http://vllm;
         }}
 """ for route in cfg.endpoint_routes)

@@ -40,7 +40,7 @@ def _endpoint(address: str, port: int) -> dict:
     d = f"{_DIR}/endpoint"
     with locked(d):
         cert, key = endpoint_certificate(d, address, [])
-        add_clients(f"{d}/clients", ["demo", "prometheus"])
+        add_clients(f"{d}/clients", ["demo", "demo-stream", "prometheus"])
     return {"endpoint_enabled": True, "endpoint_address": address, "endpoint_port": port, "endpoint_tls_cert": cert,
             "endpoint_tls_key": key, "endpoint_tls_ca": f"{d}/ca.crt", "endpoint_clients_file": f"{d}/clients",
             "endpoint_metrics_client": "prometheus"}

@@ -74,9 +74,11 @@ class EndpointKeys(ComponentKeys):
     endpoint_rate_per_minute: int = _key(
         600, description="requests a client key may make per minute (beyond the burst: HTTP 429)", ge=1, le=1_000_000,
     )
-    endpoint_key_concurrency: int = _key(
-        4, description="requests one client key may have in flight at once (beyond: HTTP 429), so one key cannot hold "
-        "every sequence the engine runs", ge=1, le=10_000,
+    endpoint_key_concurrency: int | None = _key(
+        None, description="requests one client may have in flight at once (beyond: HTTP 429), so one client cannot "
+        "hold every sequence the engine runs: below the engine's sequences (`--max-num-seqs` of vllm_args, or "
+        "MAX_NUM_SEQS of service_env) where the profile sets them. Unset = one below them (at least 1), or 4 where "
+        "the profile does not say", ge=1, le=10_000,
     )
     endpoint_anonymous_per_minute: int = _key(
         60, description="requests without a valid key one address may make per minute before they get 429 instead "

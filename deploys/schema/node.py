@@ -129,6 +129,33 @@ class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKey
             )
         return self
 
+    @property
+    def engine_max_num_seqs(self) -> int | None:
+        """The sequences the engine runs at once where the profile says: `--max-num-seqs` of vllm_args, or the
+        serving script's MAX_NUM_SEQS (service_env); None where neither does (vLLM's own default)."""
+        value = self.vllm_flag("--max-num-seqs") or self.service_env.get("MAX_NUM_SEQS")
+        return int(value) if value is not None and value.isdigit() and int(value) > 0 else None
+
+    @property
+    def key_concurrency(self) -> int:
+        """What the endpoint lets one client have in flight (endpoint_key_concurrency, or its default)."""
+        if self.endpoint_key_concurrency is not None:
+            return self.endpoint_key_concurrency
+        seqs = self.engine_max_num_seqs
+        return max(1, seqs - 1) if seqs else 4
+
+    @model_validator(mode="after")
+    def _one_client_cannot_hold_every_sequence(self) -> NodeConfig:
+        seqs, want = self.engine_max_num_seqs, self.endpoint_key_concurrency
+        if not (self.endpoint_enabled and seqs and want is not None):
+            return self
+        if want >= seqs and not (seqs == 1 and want == 1):
+            raise KeyRuleError("endpoint_key_concurrency", want,
+                               f"below the engine's {seqs} sequences (--max-num-seqs / MAX_NUM_SEQS): one client "
+                               "would hold every one, and every other client would wait" if seqs > 1 else
+                               "1: the engine runs one sequence at a time")
+        return self
+
     @model_validator(mode="after")
     def _gates_fit_the_server(self) -> NodeConfig:
         """A gate the server's own limits make fail every time is a wrong profile, not a failed node: K requests

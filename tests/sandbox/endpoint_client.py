@@ -25,7 +25,10 @@ class EndpointClient:
 
         cfg = inventory_configs(load_inventory(inventory))[node]
         self.requests, self.url, self.ca = requests, endpoint_url(cfg) + "/v1/chat/completions", cfg.endpoint_tls_ca
-        self.headers = {"Authorization": f"Bearer {read_clients(cfg.endpoint_clients_file)['demo']}"}
+        keys = read_clients(cfg.endpoint_clients_file)
+        # two clients: one may have only one request in flight (endpoint_key_concurrency below --max-num-seqs 2)
+        self.headers = {"Authorization": f"Bearer {keys['demo']}"}
+        self.stream_headers = {"Authorization": f"Bearer {keys['demo-stream']}"}
         self.seen: dict[str, int] = {"good": 0, "wrong": 0, "closed": 0, "other": 0}
         self.closed_s, self.other, self.stream_tokens = 0.0, [], None
         self.first_closed = self.stream_ended = None
@@ -60,7 +63,7 @@ class EndpointClient:
             self.stop.wait(max(0.0, 1.0 - (time.monotonic() - t0)))
 
     def _stream(self) -> None:
-        with self.requests.post(self.url, json=self._chat(STREAM_TOKENS, stream=True), headers=self.headers,
+        with self.requests.post(self.url, json=self._chat(STREAM_TOKENS, stream=True), headers=self.stream_headers,
                                 verify=self.ca, timeout=600, stream=True) as r:
             lines = [line for line in r.iter_lines(decode_unicode=True) if line]
         self.stream_ended = time.monotonic()

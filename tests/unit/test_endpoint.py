@@ -96,6 +96,10 @@ BAD = [
     ("a route vLLM must not open", {"endpoint_routes": ["/v1/chat/completions", "/pause"]}, "endpoint_routes[1]",
      "'/v1/chat/completions', '/v1/completions', '/v1/models'"),
     ("no client file", {"endpoint_clients_file": None}, "endpoint_clients_file", "a value, since endpoint_enabled"),
+    ("one client holds every sequence", {"endpoint_key_concurrency": 2}, "endpoint_key_concurrency",
+     "below the engine's 2 sequences (--max-num-seqs / MAX_NUM_SEQS): one client would hold every one"),
+    ("more than the engine runs", {"endpoint_key_concurrency": 4}, "endpoint_key_concurrency",
+     "below the engine's 2 sequences"),
 ]
 
 
@@ -105,6 +109,23 @@ def test_validation_refuses_an_endpoint_that_would_not_serve_safely(lab, changes
     assert key in {k for k, _ in problems}, problems
     if expected:
         assert any(expected in e for k, e in problems if k == key), problems
+
+
+def test_one_client_may_not_hold_every_sequence_the_engine_runs(lab):
+    """Issue 51: profile A's engine runs 2 sequences (MAX_NUM_SEQS of its script): one client gets 1 by default, so
+    a second client is never queued behind the first; a profile that does not say keeps 4; nginx applies it."""
+    a = validate_hosts(_a(lab))["node-a"]
+    assert (a.engine_max_num_seqs, a.key_concurrency) == (2, 1)
+    assert "limit_conn endpoint_inflight 1;" in render_conf(a) and "endpoint_inflight 4" not in render_conf(a)
+    eight = validate_hosts(_a(lab, service_env={**a.service_env, "MAX_NUM_SEQS": "8"}))["node-a"]
+    assert (eight.key_concurrency, validate_hosts(_a(lab, service_env={**a.service_env, "MAX_NUM_SEQS": "8"},
+                                                     endpoint_key_concurrency=7))["node-a"].key_concurrency) == (7, 7)
+    unsaid = {k: v for k, v in a.service_env.items() if k != "MAX_NUM_SEQS"}
+    assert validate_hosts(_a(lab, service_env=unsaid))["node-a"].key_concurrency == 4
+    one = {**a.service_env, "MAX_NUM_SEQS": "1"}
+    assert validate_hosts(_a(lab, service_env=one))["node-a"].key_concurrency == 1
+    assert ("endpoint_key_concurrency", "1: the engine runs one sequence at a time") in _problems(
+        _a(lab, service_env=one, endpoint_key_concurrency=2))
 
 
 def test_an_endpoint_on_a_worker_is_refused():
