@@ -97,6 +97,7 @@ def render_facts_config(name: str, cfg: NodeConfig, watcher: str | None) -> str:
         "gate_passed": gate_record_path(cfg) if cfg.is_head else None,
         "endpoint_closed_flag": closed_flag_path(cfg) if cfg.is_head and cfg.endpoint_enabled else None,
         "switch_marker": switch_marker_path(cfg),
+        "restart_account": f"{TEXTFILE_DIR}/restart-account.json",  # (not *.prom: node-exporter reads no other file)
         "started_from": started_from_path(cfg) if cfg.is_head else None,
         "service": f"{cfg.container_name}.service",
         "smi_timeout_s": SMI_TIMEOUT_S,

@@ -26,8 +26,9 @@ def alert_rules(me: NodeConfig) -> list[dict]:
          "critical", "the inference service on {{ $labels.host }} is not running, or its vLLM does not answer /metrics (a "
          "scrape through the endpoint also fails on a rotated monitoring key or an expired certificate: see the "
          "target's error in Prometheus)"),
-        ("InferenceServiceRestarting", f"increase(inference_nodes_service_restarts_total[15m]) >= {restarts}", 0,
-         "warning", "the inference service on {{ $labels.host }} restarted {{ $value }} times in 15 minutes"),
+        ("InferenceServiceRestarting", f"increase(inference_nodes_service_unplanned_restarts_total[15m]) >= {restarts}",
+         0, "warning", "the inference service on {{ $labels.host }} restarted by itself {{ $value }} times in 15 "
+         "minutes (restarts during a converge's switch are not counted)"),
         ("InferenceNotGenerating",
          "sum by (cluster, host) (vllm:num_requests_running + vllm:num_requests_waiting) > 0 unless "
          f"sum by (cluster, host) (increase(vllm:generation_tokens_total[{stall_s}s])) > 0",

@@ -24,7 +24,7 @@ from deploys.service.launch_check import args_check_command, vllm_accepts
 from deploys.service.prune import prune_reads, releases_pruned
 from deploys.service.release import gate_record_path, release_of
 from deploys.service.restart import (cluster_changes_whole, endpoint_closed_for_the_switch, service_current,
-                                     service_files_placed)
+                                     service_files_placed, switch_marked)
 from deploys.service.backoff import backoff_reads, backoff_reset_installed
 from deploys.service.switch import service_serving, switch_leftovers
 from deploys.service.unit import (
@@ -99,6 +99,9 @@ def inference_service():
               (env_path, hashlib.sha256(env_text.encode()).hexdigest()))
     service_files_placed(name="Put the unit and environment in place (now, or at the restart once the door closed)",
                          service=service, started_from=started, fingerprint=fp, staged=staged, batch=batch)
+    if cfg.is_head:
+        switch_marked(name="Mark the switch before it starts (heads and single nodes)", service=service,
+                      started_from=started, fingerprint=fp)
     if cfg.is_head and cfg.endpoint_enabled:
         endpoint_closed_for_the_switch(name="Close the endpoint to new requests before a restart", service=service,
                                        started_from=started, fingerprint=fp, flag=closed_flag_path(cfg))

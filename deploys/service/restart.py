@@ -151,6 +151,27 @@ def _switch_started(state, host, service: str, record: str, running: bool, head:
 
 
 @operation()
+def switch_marked(service: str, started_from: str, fingerprint: str):
+    """A head or single node whose service is about to restart (``restart_reason``) writes its switch marker before
+    anything of the switch happens: before its door closes (a closed door is never unexplained: EndpointClosed pages
+    once no switch is in progress) and before its workers restart (the head's vLLM exits when they go, and systemd
+    restarts it: planned work, not a crash for InferenceServiceRestarting). Its bound covers the drain too.
+
+    + service: the generated service name
+    + started_from: the file the unit writes at each start
+    + fingerprint: hash of the rendered unit and fabric env
+    """
+    running = read(host, SystemdStatus, services=[service]).get(service)
+    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
+    if restart_reason(running, start, fingerprint) is None:
+        host.noop(f"{service} is not restarted")
+        return
+    cfg = node_config()
+    yield StringCommand("sh", "-c", QuoteString(switch_marker_command(cfg, cfg.endpoint_drain_s
+                                                                      if cfg.endpoint_enabled else 0)))
+
+
+@operation()
 def endpoint_closed_for_the_switch(service: str, started_from: str, fingerprint: str, flag: str):
     """A head whose service is about to restart (``restart_reason``) closes its endpoint to new API requests first
     (the flag nginx answers a JSON 503 for) and lets the requests in flight finish, at most ``endpoint_drain_s``:
@@ -168,8 +189,7 @@ def endpoint_closed_for_the_switch(service: str, started_from: str, fingerprint:
         host.noop(f"{service} is not restarted: its endpoint stays as it is")
         return
     cfg = node_config()
-    # the marker first: a closed door is never unexplained (EndpointClosed pages once no switch is in progress)
-    yield StringCommand("sh", "-c", QuoteString(switch_marker_command(cfg, cfg.endpoint_drain_s)))
+    # (its switch marker was written just before: switch_marked)
     yield StringCommand("install", "-d", "-m", "0755", posixpath.dirname(flag))  # nginx's workers must see the flag
     yield StringCommand("touch", flag)
     if running:  # the requests in flight are the running release's: asked where it listens (its gate record says)

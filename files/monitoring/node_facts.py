@@ -95,6 +95,9 @@ FAMILIES = {
                                        "here, 0 if not (a switch, or a converge killed before its gate); absent when "
                                        "the service is not active."),
     "service_restarts_total": ("counter", "Times systemd restarted the inference unit (NRestarts)."),
+    "service_unplanned_restarts_total": ("counter", "Automatic restarts of the inference unit outside a converge's "
+                                                    "switch (its marker in force neither now nor at the run before): "
+                                                    "crashes, not planned work. Kept across runs and reboots."),
 }
 
 Run = Callable[..., subprocess.CompletedProcess]
@@ -318,6 +321,32 @@ def service_samples(run: Run, service: str) -> list[Sample]:
     return out
 
 
+def count_restarts(before: dict | None, restarts: int, switching: bool) -> dict:
+    """The restart account after this run: ``before`` (the last run's, None: none or unreadable), systemd's NRestarts
+    now, and whether a converge's switch marker is in force now. New restarts count as unplanned unless a switch was
+    in progress now or at the run before (a head's vLLM exits when its workers restart for a switch, and systemd
+    restarts it). A count that went down was set back (`reset-failed` by the backoff reset, a reboot): what it shows
+    now is new. A first run counts nothing: what came before it is not known."""
+    if before is None or not all(isinstance(before.get(k), int) for k in ("seen", "unplanned")):
+        return {"seen": restarts, "unplanned": 0, "switching": switching}
+    new = restarts - before["seen"] if restarts >= before["seen"] else restarts
+    planned = switching or before.get("switching") is True
+    return {"seen": restarts, "unplanned": before["unplanned"] + (0 if planned else new), "switching": switching}
+
+
+def unplanned_restart_samples(run: Run, service: str, marker: str, account: str, now: float) -> list[Sample]:
+    restarts = systemctl_property(run, service, "NRestarts")
+    if not restarts.isdigit():
+        return []
+    try:
+        before = read_record(account)
+    except ValueError:
+        before = None
+    state = count_restarts(before, int(restarts), switch_samples(marker, now)[0][2] == 1)
+    write_atomically(account, json.dumps(state, sort_keys=True) + "\n")
+    return [("service_unplanned_restarts_total", {}, state["unplanned"])]
+
+
 def collect(config: dict, run: Run = subprocess.run, now: Callable[[], float] = time.time) -> str:
     """Every source read once, each on its own (a failure is reported on stderr and leaves its series out), as
     the text format."""
@@ -336,6 +365,9 @@ def collect(config: dict, run: Run = subprocess.run, now: Callable[[], float] = 
         sources.append(("service", lambda: service_samples(run, config["service"])))
     if config.get("switch_marker"):
         sources.append(("switch", lambda: switch_samples(config["switch_marker"], now())))
+    if config.get("service") and config.get("switch_marker") and config.get("restart_account"):
+        sources.append(("restarts", lambda: unplanned_restart_samples(run, config["service"], config["switch_marker"],
+                                                                      config["restart_account"], now())))
     if config.get("endpoint_closed_flag"):  # heads with an endpoint
         sources.append(("endpoint", lambda: endpoint_samples(config["endpoint_closed_flag"])))
     if config.get("service") and config.get("gate_passed") and config.get("started_from"):  # heads

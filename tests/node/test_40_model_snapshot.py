@@ -22,6 +22,7 @@ COMMIT_A = "7872f01b1d1fe23eabc4c98b48bffcef5a386062"  # what rtx_pro_6000_pair 
 SYNC = "Model snapshot | Sync and verify the model snapshot"
 RESTART = "Inference service | Start or update heads and single nodes"
 CLOSE = "Inference service | Close the endpoint to new requests before a restart"  # heads with an endpoint
+MARK = "Inference service | Mark the switch before it starts (heads and single nodes)"
 WORKER_RESTART = "Inference service | Start or update workers (rank > 0) before heads"
 SERVING = "Inference service | Wait until it serves (heads: /health and the serving gate)"
 
@@ -87,7 +88,8 @@ def test_corrupt_truncated_and_missing_shards_are_named_and_repaired_alone(sandb
 
     repaired = pyinfra("-v", "--json", INVENTORY, "deploys/all.py", "--limit", node)
     # the service may have loaded the bad files before they were found: restarted from the repaired snapshot
-    assert changed_operations(repaired) == [(SYNC, [node]), (CLOSE, [node]), (RESTART, [node]), (SERVING, [node])]
+    assert changed_operations(repaired) == [(SYNC, [node]), (MARK, [node]), (CLOSE, [node]), (RESTART, [node]),
+                                          (SERVING, [node])]
     assert "pushed 3 file(s)" in repaired.stderr
     assert gate(node).returncode == 0
 

@@ -55,6 +55,7 @@ HEALTHY = [  # a serving head: every series the rules read, at good values (one 
     (f'inference_nodes_service_active{{job="node",{L}}}', "1x20"),
     (f'inference_nodes_switch_in_progress{{job="node",{L}}}', "0x20"),
     (f'inference_nodes_service_restarts_total{{job="node",{L}}}', "0x20"),
+    (f'inference_nodes_service_unplanned_restarts_total{{job="node",{L}}}', "0x20"),
     (f'vllm:num_requests_running{{job="vllm",{L}}}', "1x20"),
     (f'vllm:num_requests_waiting{{job="vllm",{L}}}', "0x20"),
     (f'vllm:generation_tokens_total{{job="vllm",{L}}}', "0+600x20"),
@@ -87,7 +88,7 @@ HEALTHY = [  # a serving head: every series the rules read, at good values (one 
 BROKEN = {
     "NodeExporterDown": ({f'up{{job="node",{L}}}': "1 1 0x18"}, 4, 2, {"job": "node"}),
     "InferenceServiceDown": ({f'up{{job="vllm",{L}}}': "1 1 0x18"}, 4, 2, {}),
-    "InferenceServiceRestarting": ({f'inference_nodes_service_restarts_total{{job="node",{L}}}': "0 0 1 2 3x16"}, 5, 3,
+    "InferenceServiceRestarting": ({f'inference_nodes_service_unplanned_restarts_total{{job="node",{L}}}': "0 0 1 2 3x16"}, 5, 3,
                                    {"job": "node"}),
     "InferenceNotGenerating": ({f'vllm:generation_tokens_total{{job="vllm",{L}}}': "0+600x5 3000x15"}, 10, 6, {}),
     "KvCacheHigh": ({f'vllm:kv_cache_usage_perc{{job="vllm",{L}}}': "0.3 0.3 0.97x18"}, 4, 2, {"job": "vllm"}),

@@ -262,6 +262,35 @@ def test_service_state_and_restarts(node):
     assert "service_active" not in names(text) and value(text, "gpu_query_ok") == 1
 
 
+@pytest.mark.parametrize("before, restarts, switching, unplanned", [
+    (None, 5, False, 0),  # the first run: what came before it is not known
+    ({"seen": 2, "unplanned": 1, "switching": False}, 4, False, 3),  # two crashes
+    ({"seen": 2, "unplanned": 1, "switching": False}, 4, True, 1),  # a switch: the head exits when its workers restart
+    ({"seen": 2, "unplanned": 1, "switching": True}, 3, False, 1),  # the switch just ended: its marker was there before
+    ({"seen": 4, "unplanned": 1, "switching": False}, 1, False, 2),  # set back by reset-failed, then one crash
+    ({"seen": 4, "unplanned": 1, "switching": False}, 4, False, 1),  # nothing new
+    ({"seen": "x", "unplanned": 1}, 4, False, 0),  # an account it cannot read: starts over
+])
+def test_restarts_during_a_switch_are_not_counted_as_crashes(before, restarts, switching, unplanned):
+    """Issue 53: InferenceServiceRestarting counts only restarts outside a converge's switch."""
+    after = nf.count_restarts(before, restarts, switching)
+    assert after == {"seen": restarts, "unplanned": unplanned, "switching": switching}
+
+
+def test_the_unplanned_restart_account_is_kept_between_runs(node, tmp_path):
+    node["switch_marker"], node["restart_account"] = str(tmp_path / "switching.json"), str(tmp_path / "account.json")
+    assert value(collect(node, FakeRun(active="active\n", restarts="3\n")), "service_unplanned_restarts_total") == 0
+    assert value(collect(node, FakeRun(active="active\n", restarts="5\n")), "service_unplanned_restarts_total") == 2
+    (tmp_path / "switching.json").write_text(json.dumps({"until": NOW + 60}))
+    text = collect(node, FakeRun(active="active\n", restarts="7\n"))
+    assert value(text, "service_unplanned_restarts_total") == 2 and value(text, "switch_in_progress") == 1
+    assert "# TYPE inference_nodes_service_unplanned_restarts_total counter" in text
+    (tmp_path / "switching.json").unlink()
+    assert value(collect(node, FakeRun(active="active\n", restarts="8\n")), "service_unplanned_restarts_total") == 2
+    assert value(collect(node, FakeRun(active="active\n", restarts="9\n")), "service_unplanned_restarts_total") == 3
+    assert json.loads((tmp_path / "account.json").read_text()) == {"seen": 9, "unplanned": 3, "switching": False}
+
+
 # --- the records other timers leave ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("verdict, ok", [("ok", 1), ("bad", 0)])
