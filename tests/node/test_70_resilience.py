@@ -177,8 +177,45 @@ def test_preflight_refuses_a_fabric_address_the_node_does_not_have(sandbox, tmp_
 
 @pytest.mark.lifecycle
 @pytest.mark.endpoint
+def _stream_in_flight(node: str, tokens: int):
+    """A client's stream through ``node``'s endpoint (the sandbox's second client key), started in a thread and
+    returned once its first piece arrived; ``thread.result`` gets its status and the completion tokens it counted."""
+    import threading
+
+    from deploys.endpoint import endpoint_url
+    from deploys.inventory import inventory_configs, load_inventory
+    from deploys.schema.control_readers import read_clients
+    from deploys.service.unit import served_model_name
+
+    cfg = inventory_configs(load_inventory(INVENTORY))[node]
+    key = read_clients(cfg.endpoint_clients_file)["demo-stream"]
+    body = {"model": served_model_name(cfg), "messages": [{"role": "user", "content": "Count."}], "max_tokens": tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    started = threading.Event()
+
+    def run():
+        try:
+            with requests.post(endpoint_url(cfg) + "/v1/chat/completions", json=body, stream=True, timeout=600,
+                               headers={"Authorization": f"Bearer {key}"}, verify=cfg.endpoint_tls_ca) as r:
+                thread.result["status"] = r.status_code
+                for line in r.iter_lines(decode_unicode=True):
+                    started.set()
+                    if line.startswith("data: {") and '"completion_tokens"' in line:
+                        usage = json.loads(line[5:]).get("usage") or {}
+                        thread.result["tokens"] = usage.get("completion_tokens")
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.result = {}
+    thread.start()
+    assert started.wait(300), "the stream did not start"
+    return thread
+
+
 def test_a_converge_killed_between_restart_and_gate_leaves_the_door_closed_and_the_next_gates_it(sandbox):
     """SIGKILL once the converge staged the new unit: an exit of the running release restarts that release. Then
+    SIGKILL during the drain: the door stays shut, the node says so, the stream in flight finishes. Then
     SIGKILL while a head's new start waits for its gate: the release that runs has passed no gate, so the endpoint
     stays closed (no client gets its answers) and the node's metrics say it is not gated (ReleaseNotGated after its
     bound); the next converge finds the state as it is, gates the release that runs and opens the door."""
@@ -208,6 +245,31 @@ def test_a_converge_killed_between_restart_and_gate_leaves_the_door_closed_and_t
         time.sleep(2)
     assert on_node(node, f"cat {started}").stdout == before, "the restart started from other files than the release's"
     assert on_node(node, "systemctl show -p RestartUSec --value grandpa.service").stdout.strip() != "31s"
+    # Issue 51 N2: then killed during its drain (a client's stream in flight holds it). The door is shut and the
+    # running release serves on behind it; the node says so (endpoint_closed 1) and the switch marker, written
+    # before the door, counts only the lease and the drain: EndpointClosed pages within minutes, not an hour later.
+    # The stream in flight finishes on the running release.
+    wait_serving([node])
+    serving_pid = on_node(node, pid).stdout.strip()
+    stream = _stream_in_flight(node, tokens=600)
+    proc = subprocess.Popen([PYINFRA, "-y", INVENTORY, "deploys/all.py", *change], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    waited = on_node(node, f"for i in $(seq 6000); do test -e {flag} && exit 0; sleep 0.1; done; exit 1")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert waited.returncode == 0, "the converge closed no door within 600 s"
+    assert stream.is_alive(), "the stream ended before the door closed: nothing held the drain"
+    assert on_node(node, pid).stdout.strip() == serving_pid, "the killed drain restarted the service"
+    marker = json.loads(on_node(node, "cat /var/lib/inference-nodes/grandpa.switching.json").stdout)
+    assert 0 < marker["until"] - time.time() <= 300 + 120 + 5, marker  # the lease and endpoint_drain_s
+    closed = f"grep -qx 'inference_nodes_endpoint_closed 1' {textfile}"
+    deadline = time.monotonic() + 60
+    while on_node(node, closed).returncode != 0:
+        assert time.monotonic() < deadline, on_node(node, f"grep endpoint_closed {textfile}").stdout
+        time.sleep(2)
+    stream.join(timeout=300)
+    assert stream.result.get("status") == 200 and stream.result.get("tokens") == 600, stream.result
     # then the switch itself, killed between its restart and its gate
     proc = subprocess.Popen([PYINFRA, "-y", INVENTORY, "deploys/all.py", *change], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
