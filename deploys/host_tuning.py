@@ -16,7 +16,7 @@ from pyinfra.facts.files import Directory, File
 
 from deploys.run.reads import expect, operation, read
 from deploys.inventory import node_config
-from deploys.ops import directory_present, file_absent, atomic_put, fail_host, host_failed, secret_file
+from deploys.ops import directory_present, file_absent, atomic_put, fail_host, host_failed, secret_file, staged_path
 from deploys.schema import NodeConfig
 from deploys.unit_text import env_file_line
 from facts.host import ManagedFiles, MountSizeBytes, SystemdDefaultLimits
@@ -119,7 +119,7 @@ def systemd_defaults_applied():
 @deploy("Host tuning")
 def host_tuning():
     cfg = node_config()
-    batch = (LIMITS_FILE, SYSTEMD_DEFAULTS_FILE, cfg.fabric_env_file)  # read in one round trip
+    batch = (LIMITS_FILE, SYSTEMD_DEFAULTS_FILE, cfg.fabric_env_file, staged_path(cfg.fabric_env_file))  # one trip
     limits = ([(SystemdDefaultLimits, {"names": tuple(systemd_default_limits(cfg))})] if cfg.limits_host_wide else
               [(File, {"path": p}) for p in (LIMITS_FILE, SYSTEMD_DEFAULTS_FILE)])
     expect([(MountSizeBytes, {"path": "/dev/shm"}), (ManagedFiles, {"paths": batch}), *limits,
@@ -156,10 +156,13 @@ def host_tuning():
         group="root",
         mode="0755",
     )
-    secret_file(  # 0600: a value may be a secret (an NCCL/UCX setting with a credential in it)
+    # 0600: a value may be a secret (an NCCL/UCX setting with a credential in it). Staged beside the service's unit
+    # and environment, where it differs: the service reads it at a start, so it goes in place with them, at the
+    # service's switch (deploys/service/unit.py staged_path; the inference service deploy puts it in place)
+    secret_file(
         batch=batch,
-        name="Write the UCX/NCCL fabric environment (0600, never printed)",
+        name="Stage the UCX/NCCL fabric environment (0600, never printed)",
         src=StringIO(render_fabric_env(cfg)),
-        dest=cfg.fabric_env_file,
-        private_dir=False,
+        dest=staged_path(cfg.fabric_env_file),
+        same_as=cfg.fabric_env_file,
     )

@@ -167,6 +167,18 @@ def _holds(remote: dict | None, data: bytes, user: str, group: str, mode: str) -
         hashlib.sha1(data).hexdigest(), user, group, int(mode))
 
 
+STAGE_DIR = "/var/lib/inference-nodes/staged"  # 0700 root
+
+
+def staged_path(live: str) -> str:
+    """Where a converge writes the unit or the service environment of a switch still ahead: out of systemd's reach
+    (Quadlet reads UNIT_DIR at a daemon-reload, which apt or a person may run at any time; a start reads the env
+    file), so an exit of the running release restarts that release, never the new one ungated behind an open door.
+    The node's restart step puts them in place (deploys/service/unit.py ``staged_install_command``), after the door
+    closed; the host tuning's fabric environment too."""
+    return f"{STAGE_DIR}/{live.rsplit('/', 1)[-1]}"
+
+
 def until_marker_command(path: str, seconds: int) -> str:
     """Shell: write ``path`` as ``{"until": <the node's clock now + seconds>}``, renamed into place: a marker that a
     converge writes for work it may not live to finish, which stops counting by itself at its bound (the switch

@@ -14,9 +14,10 @@ from pyinfra.facts.files import Directory, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
 
 from deploys.endpoint import closed_flag_path
+from deploys.host_tuning import render_fabric_env
 from deploys.inventory import cluster_member_names, node_cluster, node_config
 from deploys.model.snapshot import STAMP
-from deploys.ops import atomic_put, directory_present, follow_up_reads, secret_file
+from deploys.ops import atomic_put, directory_present, follow_up_reads, secret_file, staged_path
 from deploys.run.held import release_held
 from deploys.run.reads import expect
 from deploys.schema import NodeConfig
@@ -39,7 +40,6 @@ from deploys.service.unit import (
     render_service_env,
     served_model_name,
     service_env_path,
-    staged_path,
     started_from_path,
     vllm_argv,
 )
@@ -58,8 +58,8 @@ def inference_service():
     unit_text = render_container(cfg, head, nodes, cluster.members)
     unit_path = f"{UNIT_DIR}/{cfg.container_name}.container"
     env_path = service_env_path(cfg)
-    staged_paths = (staged_path(unit_path), staged_path(env_path))
-    batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, unit_path, env_path, *staged_paths)  # one round trip
+    live = (unit_path, env_path, cfg.fabric_env_file)  # what a start reads (the fabric env: staged by host tuning)
+    batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, *live, *map(staged_path, live))  # one round trip
     service = f"{cfg.container_name}.service"
     started = started_from_path(cfg)
     volume_dirs = [p for p in (cfg.jit_cache_dir, cfg.container_tmp_dir) if p]
@@ -95,8 +95,8 @@ def inference_service():
                 dest=staged_path(env_path), same_as=env_path)
     atomic_put(batch=batch, name="Stage the new Quadlet unit", src=StringIO(unit_text), dest=staged_path(unit_path),
                user="root", group="root", mode="0644", create_remote_dir=True, same_as=unit_path)
-    staged = ((unit_path, hashlib.sha256(unit_text.encode()).hexdigest()),
-              (env_path, hashlib.sha256(env_text.encode()).hexdigest()))
+    staged = tuple((path, hashlib.sha256(text.encode()).hexdigest())
+                   for path, text in zip(live, (unit_text, env_text, render_fabric_env(cfg))))
     service_files_placed(name="Put the unit and environment in place (now, or at the restart once the door closed)",
                          service=service, started_from=started, fingerprint=fp, staged=staged, batch=batch)
     if cfg.is_head:

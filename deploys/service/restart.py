@@ -14,12 +14,13 @@ from pyinfra.facts.systemd import SystemdStatus
 
 from deploys.inventory import node_config
 from deploys.model.snapshot import GATE, STAMP
-from deploys.ops import cluster_all_here, follow_up_record_command, follow_up_stamp, host_failed, sudo_args
+from deploys.ops import (cluster_all_here, follow_up_record_command, follow_up_stamp, host_failed, staged_path,
+                         sudo_args)
 from deploys.run.reads import operation, read, run_on
 from deploys.run.state import kept
 from deploys.service.door import drain, switch_marker_command
 from deploys.service.release import as_released, gate_record_path
-from deploys.service.unit import QUADLET_STAMP, staged_install_command, staged_path
+from deploys.service.unit import QUADLET_STAMP, staged_install_command
 from facts.containers import GatePassed, ServiceStartedFrom
 from facts.host import ManagedFiles
 

@@ -16,7 +16,7 @@ import shlex
 
 from deploys.host_tuning import render_fabric_env
 from deploys.model.snapshot import GATE, STAMP
-from deploys.ops import content_fingerprint, files_fingerprint_command, follow_up_record_command
+from deploys.ops import content_fingerprint, files_fingerprint_command, follow_up_record_command, staged_path
 from deploys.schema import NodeConfig, cluster_head, cluster_of
 from deploys.unit_text import command_line, env_file_line
 from files import helper_path
@@ -256,17 +256,6 @@ def render_cluster(configs: dict[str, NodeConfig]) -> dict[str, str]:
 
 
 QUADLET_STAMP = "inference-service-quadlet"  # follow-up stamp (deploys/ops.py follow_up_done)
-STAGE_DIR = "/var/lib/inference-nodes/staged"  # 0700 root
-
-
-def staged_path(live: str) -> str:
-    """Where a converge writes the unit or the service environment of a switch still ahead: out of systemd's reach
-    (Quadlet reads UNIT_DIR at a daemon-reload, which apt or a person may run at any time; a start reads the env
-    file), so an exit of the running release restarts that release, never the new one ungated behind an open door.
-    The node's restart step puts them in place (``staged_install_command``), after the door closed."""
-    return f"{STAGE_DIR}/{live.rsplit('/', 1)[-1]}"
-
-
 def staged_install_command(files: tuple[tuple[str, str], ...]) -> str:
     """Shell: each (live path, sha256 of the content this converge rendered for it) whose staged copy holds exactly
     that content is put in place (copied beside the live file and renamed over it: whole or not at all); a staged

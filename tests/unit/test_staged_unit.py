@@ -23,7 +23,7 @@ def _sha256(text):
 @pytest.fixture
 def node(tmp_path, monkeypatch):
     """Live and staged directories under tmp_path, a `systemctl` that logs its arguments, stamps under tmp_path."""
-    monkeypatch.setattr(unit, "STAGE_DIR", str(tmp_path / "staged"))
+    monkeypatch.setattr(ops, "STAGE_DIR", str(tmp_path / "staged"))
     monkeypatch.setattr(ops, "FOLLOW_UP_DIR", str(tmp_path / "follow-ups"))
     (tmp_path / "staged").mkdir()
     (tmp_path / "live").mkdir()
