@@ -40,6 +40,14 @@ def restart_reason(running: bool, start: dict, fingerprint: str) -> str | None:
     return None
 
 
+def restart_due(service: str, started_from: str, fingerprint: str) -> tuple[bool, str | None]:
+    """Read from the node being planned or run: whether ``service`` runs, and why it must (re)start now (None: it
+    runs what the converge renders; ``restart_reason``). The same reads every step of a switch decides from."""
+    running = read(host, SystemdStatus, services=[service]).get(service)
+    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
+    return bool(running), restart_reason(running, start, fingerprint)
+
+
 @operation()
 def cluster_changes_whole(unit_path: str, unit_text: str, cluster: str, members: list[str]):
     """A multi-node cluster changes as one: its members' units change only when every member is in this run and
@@ -85,9 +93,7 @@ def service_files_placed(service: str, started_from: str, fingerprint: str, stag
         yield StringCommand("sh", "-c", QuoteString(f"systemctl daemon-reload && "
                                                     f"{follow_up_record_command(QUADLET_STAMP, (unit,))}"))
         return
-    running = read(host, SystemdStatus, services=[service]).get(service)
-    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
-    if restart_reason(running, start, fingerprint) is not None:
+    if restart_due(service, started_from, fingerprint)[1] is not None:
         host.noop(f"staged: {service}'s restart puts them in place, once its door closed")
         return
     yield StringCommand("sh", "-c", QuoteString(staged_install_command(staged)))
@@ -162,9 +168,7 @@ def switch_marked(service: str, started_from: str, fingerprint: str):
     + started_from: the file the unit writes at each start
     + fingerprint: hash of the rendered unit and fabric env
     """
-    running = read(host, SystemdStatus, services=[service]).get(service)
-    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
-    if restart_reason(running, start, fingerprint) is None:
+    if restart_due(service, started_from, fingerprint)[1] is None:
         host.noop(f"{service} is not restarted")
         return
     cfg = node_config()
@@ -184,9 +188,8 @@ def endpoint_closed_for_the_switch(service: str, started_from: str, fingerprint:
     + fingerprint: hash of the rendered unit and fabric env
     + flag: the endpoint's closed-door flag (``closed_flag_path``)
     """
-    running = read(host, SystemdStatus, services=[service]).get(service)
-    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
-    if restart_reason(running, start, fingerprint) is None:
+    running, reason = restart_due(service, started_from, fingerprint)
+    if reason is None:
         host.noop(f"{service} is not restarted: its endpoint stays as it is")
         return
     cfg = node_config()
