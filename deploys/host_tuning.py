@@ -158,7 +158,7 @@ def host_tuning():
     )
     # 0600: a value may be a secret (an NCCL/UCX setting with a credential in it). Staged beside the service's unit
     # and environment, where it differs: the service reads it at a start, so it goes in place with them, at the
-    # service's switch (deploys/service/unit.py staged_path; the inference service deploy puts it in place)
+    # service's switch (deploys/ops.py staged_path; the inference service deploy puts it in place)
     secret_file(
         batch=batch,
         name="Stage the UCX/NCCL fabric environment (0600, never printed)",

@@ -203,7 +203,7 @@ def atomic_put(src, dest: str, user: str = "root", group: str = "root", mode: st
     + resets: a follow-up stamp (``follow_up_stamp``) removed before ``dest`` is replaced, so the follow-up
       runs again even for content it applied before (a hand edit that was applied in between)
     + same_as: another file (in ``batch``) whose holding exactly this content, owner and mode makes the write
-      unneeded: a staged copy of a live file (deploys/service/unit.py staged_path)
+      unneeded: a staged copy of a live file (``staged_path``)
     """
     data, remote = _content_and_remote(src, dest, batch)
     if _holds(remote, data, user, group, mode):

@@ -90,7 +90,7 @@ def inference_service():
     env_text = render_service_env(cfg, head, nodes)
     fp = fingerprint(unit_text, cfg, head, nodes)
     record = gate_record_path(cfg)
-    # written beside the live files, out of systemd's reach (deploys/service/unit.py staged_path), when they differ
+    # written beside the live files, out of systemd's reach (deploys/ops.py staged_path), when they differ
     secret_file(batch=batch, name="Stage the new service environment (0600, never printed)", src=StringIO(env_text),
                 dest=staged_path(env_path), same_as=env_path)
     atomic_put(batch=batch, name="Stage the new Quadlet unit", src=StringIO(unit_text), dest=staged_path(unit_path),

@@ -131,9 +131,10 @@ def service_current(service: str, started_from: str, fingerprint: str, record: s
 def _switch_started(state, host, service: str, record: str, running: bool, head: bool,
                     staged: tuple[tuple[str, str], ...] = ()) -> bool:
     """Execute time: the model gate, then the gate record goes (the new start has passed no gate yet), the switch
-    marker is written, the staged unit and environment are put in place, and the service (re)starts. A worker whose switch fails here tells its head (which stops
-    waiting and rolls the cluster back); a head whose own start fails goes on to its wait, which sees the failed
-    unit and takes the switch's failure rows (deploys/service/outcome.py): rollback, record, a failed verdict."""
+    marker is written, the staged unit and environments are put in place, and the service (re)starts. A worker whose
+    switch fails here tells its head (which stops waiting and rolls the cluster back); a head whose own start fails
+    goes on to its wait, which sees the failed unit and takes the switch's failure rows (deploys/service/outcome.py):
+    rollback, record, a failed verdict."""
     sudo = sudo_args(host)
     steps = ((StringCommand(GATE), "the model gate refused its snapshot"),
              (StringCommand("sh", "-c", QuoteString(f"rm -f {record} && {switch_marker_command(node_config(host))}")),

@@ -256,6 +256,8 @@ def render_cluster(configs: dict[str, NodeConfig]) -> dict[str, str]:
 
 
 QUADLET_STAMP = "inference-service-quadlet"  # follow-up stamp (deploys/ops.py follow_up_done)
+
+
 def staged_install_command(files: tuple[tuple[str, str], ...]) -> str:
     """Shell: each (live path, sha256 of the content this converge rendered for it) whose staged copy holds exactly
     that content is put in place (copied beside the live file and renamed over it: whole or not at all); a staged
