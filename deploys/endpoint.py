@@ -125,7 +125,7 @@ def _methods(method: str) -> str:
 
 def render_conf(cfg: NodeConfig) -> str:
     """nginx's whole configuration for the endpoint. Every value is a validated number, address or route."""
-    upstream = f"{url_host(cfg.api_bind_address)}:{cfg.api_port}"
+    upstream = f"{url_host(cfg.api_bind_address)}:{cfg.engine_port}"
     routes = "".join(
         f"""
         location = {route} {{

@@ -49,8 +49,9 @@ def node_script(run: str, names: tuple[str, ...] = GATE_FILES) -> str:
     return "sh <<'GATE_SH'\nd=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT\n" + "".join(files) + run + "GATE_SH"
 
 
-def api_url(cfg: NodeConfig) -> str:
-    return f"http://{cfg.api_bind_address}:{cfg.api_port}"
+def engine_url(cfg: NodeConfig) -> str:
+    """vLLM itself (its own port, not what fronts it): where the gate, the drain and the readiness wait ask."""
+    return f"http://{cfg.api_bind_address}:{cfg.engine_port}"
 
 
 def gate_options(cfg: NodeConfig) -> list[str]:
@@ -79,7 +80,7 @@ def startup_log_command(cfg: NodeConfig) -> str:
 
 def gate_command(cfg: NodeConfig, model: str, *options: str) -> str:
     """The serving gate run on a head against its loopback API: one JSON check per line on stdout."""
-    return node_script(f"python3 \"$d/serving_gate.py\" {shlex.join([api_url(cfg), model, *options])}\n")
+    return node_script(f"python3 \"$d/serving_gate.py\" {shlex.join([engine_url(cfg), model, *options])}\n")
 
 
 def gate_checks(stdout: str) -> list[dict]:
@@ -112,7 +113,7 @@ def readiness_command(cfg: NodeConfig, head: bool) -> str:
     current start. Read-only."""
     service = shlex.quote(f"{cfg.container_name}.service")
     health = (f"python3 -c 'import sys, urllib.request as u\ntry: print(u.urlopen(sys.argv[1], timeout=5).status)"
-              f"\nexcept Exception as e: print(getattr(e, \"code\", 0))' {shlex.quote(api_url(cfg) + '/health')}"
+              f"\nexcept Exception as e: print(getattr(e, \"code\", 0))' {shlex.quote(engine_url(cfg) + '/health')}"
               if head else "echo 0")
     return (f"systemctl show -p ActiveState -p SubState -p NRestarts -p InvocationID -p Result {service}; "
             f"echo '{_READ_MARK}health'; {health}; echo '{_READ_MARK}journal'; "

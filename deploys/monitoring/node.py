@@ -101,7 +101,7 @@ def render_facts_config(name: str, cfg: NodeConfig, watcher: str | None) -> str:
         "started_from": started_from_path(cfg) if cfg.is_head else None,
         "service": f"{cfg.container_name}.service",
         "smi_timeout_s": SMI_TIMEOUT_S,
-        "vllm_metrics_url": f"http://{url_host(cfg.api_bind_address)}:{cfg.api_port}/metrics" if republish else None,
+        "vllm_metrics_url": f"http://{url_host(cfg.api_bind_address)}:{cfg.engine_port}/metrics" if republish else None,
         "vllm_out": f"{TEXTFILE_DIR}/vllm.prom",
     }, indent=1, sort_keys=True) + "\n"
 

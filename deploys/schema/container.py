@@ -118,6 +118,12 @@ class ContainerKeys(ComponentKeys):
     container_tmp_mount: ContainerPath = _key("/container-tmp", description="mount point of `container_tmp_dir` in the container")
     api_bind_address: IpAddress = _key("127.0.0.1", description="address the API listens on; loopback unless fronted by an authenticating proxy")
     api_port: int = _key(8000, description="API port", ge=1, le=65535)
+
+    @property
+    def engine_port(self) -> int:
+        """Where vLLM itself listens (with api_bind_address): the serving gate, the drain, the endpoint's upstream
+        and the metrics read vLLM here, never through what fronts it."""
+        return self.api_port
     api_protected_by: str | None = _key(
         None, description="how a non-loopback API is protected (required when `api_bind_address` is not loopback)"
     )

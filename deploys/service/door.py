@@ -9,7 +9,7 @@ from pyinfra.api import QuoteString, StringCommand
 from deploys.ops import sudo_args, until_marker_command
 from deploys.run.reads import run_on
 from deploys.schema import NodeConfig
-from deploys.serving_gate import api_url
+from deploys.serving_gate import engine_url
 
 # Waits for a head's requests in flight to finish (its vLLM's own gauge, summed over models), at most BOUND seconds;
 # prints how many still run then.
@@ -33,7 +33,7 @@ DRAIN = ("import sys, time, urllib.request as u\n"
 
 
 def drain(state, host, cfg: NodeConfig) -> bool:
-    ok, out = run_on(host, StringCommand("python3", "-c", QuoteString(DRAIN), f"{api_url(cfg)}/metrics",
+    ok, out = run_on(host, StringCommand("python3", "-c", QuoteString(DRAIN), f"{engine_url(cfg)}/metrics",
                                          str(cfg.endpoint_drain_s)), **sudo_args(host))
     left, waited = (out.stdout.split() + ["?", "?"])[:2] if ok else ("?", "?")
     host.log_styled("closed the endpoint to new requests (JSON 503, Retry-After); " + drain_told(left, waited, cfg),

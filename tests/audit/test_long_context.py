@@ -14,7 +14,7 @@ import shlex
 import pytest
 
 from deploys.service.unit import served_model_name
-from deploys.serving_gate import GATE_FILES, node_script
+from deploys.serving_gate import GATE_FILES, engine_url, node_script
 
 pytestmark = [pytest.mark.long_context, pytest.mark.drained]
 
@@ -36,7 +36,7 @@ def test_long_context_retrieval(serving_node, head_only):
     tokens = node.cfg.gate_long_context_tokens
     if tokens is None:
         pytest.skip(f"{node.name}: gate_long_context_tokens is unset")
-    url = f"http://{node.cfg.api_bind_address}:{node.cfg.api_port}"
+    url = engine_url(node.cfg)
     result = node.host.run(needle_script(url, served_model_name(node.cfg), tokens))
     verdict = verdict_of(result.stdout)
     assert verdict and verdict["ok"], f"{node.name}: long_context: " + (
