@@ -1,5 +1,10 @@
-"""The authenticated TLS endpoint: nginx from the distribution on each cluster's head, in front of a vLLM that
-stays on loopback.
+"""The head's door and the authenticated TLS endpoint: nginx from the distribution on each cluster's head, in front
+of a vLLM that stays on loopback on a port of its own (engine_port).
+
+The door is on the address and port clients used to reach vLLM itself (api_bind_address:api_port: loopback, plain
+HTTP, no key): every head has it, so a switch closes every head's API alike (a JSON 503 with `Retry-After` while
+the release changes, never an answer from a release that has not passed the serving gate, and the requests in flight
+drained first). With endpoint_enabled, the same nginx also serves the TLS endpoint below, with the same door.
 
 Why nginx and not Caddy: nginx is in Ubuntu 24.04's *main* (Canonical's security support; DGX OS 7 is Ubuntu
 24.04) and in Debian 12/13, at 1.22-1.26; Caddy is frozen at 2.6.2 (October 2022) in every distribution, sits in
@@ -55,7 +60,8 @@ DISTRO_UNIT = "nginx.service"
 DISTRO_MASK = f"/etc/systemd/system/{DISTRO_UNIT}"
 RELOAD_STAMP = "endpoint-reload"
 RESTART_STAMP = "endpoint-unit"
-FILES = (CONF, CLIENTS_MAP, MONITOR_MAP, CERT, KEY, LOGROTATE, RELOAD)
+TLS_FILES = (CLIENTS_MAP, MONITOR_MAP, CERT, KEY)  # the TLS endpoint's alone (endpoint_enabled)
+FILES = (CONF, *TLS_FILES, LOGROTATE, RELOAD)
 
 def url_host(address: str) -> str:
     """An IP address as the host part of a URL or a listen address (IPv6 in brackets)."""
@@ -123,79 +129,11 @@ def _methods(method: str) -> str:
     return "(GET|HEAD)" if method == "GET" else f"({method})"
 
 
-def render_conf(cfg: NodeConfig) -> str:
-    """nginx's whole configuration for the endpoint. Every value is a validated number, address or route."""
-    upstream = f"{url_host(cfg.api_bind_address)}:{cfg.engine_port}"
-    routes = "".join(
-        f"""
-        location = {route} {{
-            if ($endpoint_client = "") {{ rewrite ^ {ANONYMOUS} last; }}
-            if (-f {closed_flag_path(cfg)}) {{ add_header Retry-After {RETRY_AFTER_S} always; return 503 '{CLOSED_BODY}'; }}
-            if ($request_method !~ ^{_methods(ENDPOINT_ROUTES[route])}$) {{ add_header Allow "{ENDPOINT_ROUTES[route]}" always; {refusal(405)} }}
-            limit_req zone=endpoint_clients burst={cfg.endpoint_rate_burst} nodelay;
-            limit_conn endpoint_inflight {cfg.key_concurrency};
-            proxy_pass http://vllm;
-        }}
-""" for route in cfg.endpoint_routes)
-    return f"""# inference-nodes endpoint (generated from the inventory; a converge replaces it). No key is in this file.
-daemon off;
-user www-data;
-worker_processes auto;
-pid /run/{UNIT}/nginx.pid;
-error_log stderr warn;
-
-events {{
-    worker_connections 1024;
-}}
-
-http {{
-    server_tokens off;
-    types {{ application/json json; }}
-    default_type application/octet-stream;
-    client_body_temp_path /var/cache/{UNIT}/body;
-    proxy_temp_path /var/cache/{UNIT}/proxy;
-    fastcgi_temp_path /var/cache/{UNIT}/fastcgi;
-    uwsgi_temp_path /var/cache/{UNIT}/uwsgi;
-    scgi_temp_path /var/cache/{UNIT}/scgi;
-
-    map $http_authorization $endpoint_client {{
-        default "";
-        include {CLIENTS_MAP};
-    }}
-    map $http_authorization $endpoint_monitor {{
-        default "";
-        include {MONITOR_MAP};
-    }}
-    # the client's name, never its key: no header is logged
-    log_format endpoint '$remote_addr $endpoint_client$endpoint_monitor [$time_iso8601] "$request_method $uri" '
-                        '$status $body_bytes_sent $request_time';
-    access_log {ACCESS_LOG} endpoint;
-
-    limit_req_zone $endpoint_client zone=endpoint_clients:1m rate={cfg.endpoint_rate_per_minute}r/m;
-    limit_req_zone $binary_remote_addr zone=endpoint_anonymous:1m rate={cfg.endpoint_anonymous_per_minute}r/m;
-    limit_conn_zone $endpoint_client zone=endpoint_inflight:1m;
-    limit_req_status 429;
-    limit_conn_status 429;
-
-    upstream vllm {{
-        server {upstream};
-        keepalive 16;
-        keepalive_timeout {UPSTREAM_IDLE_S}s;  # below vLLM's own 5 s: nginx never reuses a connection vLLM is closing
-    }}
-
-    server {{
-        listen {url_host(cfg.endpoint_address)}:{cfg.endpoint_port} ssl;
-        ssl_certificate {CERT};
-        ssl_certificate_key {KEY};
-        ssl_protocols TLSv1.2 TLSv1.3;
-        ssl_session_cache shared:endpoint_tls:1m;
-
-        client_max_body_size {cfg.endpoint_max_body_mb}m;
-        client_body_timeout {cfg.endpoint_send_timeout_s}s;
-        send_timeout {cfg.endpoint_send_timeout_s}s;
-        proxy_http_version 1.1;
+def _proxy(cfg: NodeConfig) -> str:
+    """How a door passes requests on to vLLM: unbuffered both ways (streams arrive as generated), kept-alive
+    connections, the endpoint's timeouts."""
+    return f"""        proxy_http_version 1.1;
         proxy_set_header Connection "";
-        proxy_set_header Authorization "";
         proxy_set_header Host $host;
         proxy_set_header X-Forwarded-For $remote_addr;
         proxy_buffering off;
@@ -203,7 +141,69 @@ http {{
         proxy_request_buffering off;
         proxy_read_timeout {cfg.endpoint_read_timeout_s}s;
         proxy_send_timeout {cfg.endpoint_send_timeout_s}s;
+        client_body_timeout {cfg.endpoint_send_timeout_s}s;
+        send_timeout {cfg.endpoint_send_timeout_s}s;
         default_type application/json;  # what nginx answers itself (the closed door's JSON); vLLM's own types pass
+"""
+
+
+def _closed(cfg: NodeConfig) -> str:
+    return (f"if (-f {closed_flag_path(cfg)}) {{ add_header Retry-After {RETRY_AFTER_S} always; "
+            f"return 503 '{CLOSED_BODY}'; }}")
+
+
+def render_loopback_door(cfg: NodeConfig) -> str:
+    """The door where clients on the head reach the API today (api_bind_address:api_port, plain HTTP, no key, as
+    vLLM itself was): every route passed on to vLLM, except while the door is closed for a switch, when every route
+    but `/health` and `/metrics` answers the closed door's JSON 503 with `Retry-After` (a client never gets an answer
+    from a release that has not passed the gate)."""
+    return f"""
+    # the door on the clients' own address and port: what reached vLLM itself before (no key: loopback)
+    server {{
+        listen {url_host(cfg.api_bind_address)}:{cfg.api_port};
+        access_log {ACCESS_LOG} door;
+        client_max_body_size 0;  # vLLM's own limits apply, as before the door
+{_proxy(cfg)}
+        location = /health {{ proxy_pass http://vllm; }}
+        location = /metrics {{ proxy_pass http://vllm; }}
+        location / {{
+            {_closed(cfg)}
+            proxy_pass http://vllm;
+        }}
+
+        error_page 502 @unreachable;
+        error_page 504 @too_slow;
+        location @unreachable {{ add_header Retry-After {RETRY_AFTER_S} always; {refusal(502)} }}
+        location @too_slow {{ {refusal(504)} }}
+    }}
+"""
+
+
+def render_tls_endpoint(cfg: NodeConfig) -> str:
+    """The authenticated TLS endpoint (endpoint_enabled): the listed routes for keyed clients, `/metrics` for the
+    monitoring key, rate and in-flight limits per key, the closed door's JSON 503, OpenAI-style errors."""
+    routes = "".join(
+        f"""
+        location = {route} {{
+            if ($endpoint_client = "") {{ rewrite ^ {ANONYMOUS} last; }}
+            {_closed(cfg)}
+            if ($request_method !~ ^{_methods(ENDPOINT_ROUTES[route])}$) {{ add_header Allow "{ENDPOINT_ROUTES[route]}" always; {refusal(405)} }}
+            limit_req zone=endpoint_clients burst={cfg.endpoint_rate_burst} nodelay;
+            limit_conn endpoint_inflight {cfg.key_concurrency};
+            proxy_pass http://vllm;
+        }}
+""" for route in cfg.endpoint_routes)
+    return f"""
+    server {{
+        listen {url_host(cfg.endpoint_address)}:{cfg.endpoint_port} ssl;
+        ssl_certificate {CERT};
+        ssl_certificate_key {KEY};
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_session_cache shared:endpoint_tls:1m;
+        access_log {ACCESS_LOG} endpoint;
+
+        client_max_body_size {cfg.endpoint_max_body_mb}m;
+{_proxy(cfg)}        proxy_set_header Authorization "";
 {routes}
         location = /health {{
             if ($endpoint_client = "") {{ rewrite ^ {ANONYMOUS} last; }}
@@ -241,17 +241,72 @@ http {{
         location @unreachable {{ add_header Retry-After {RETRY_AFTER_S} always; {refusal(502)} }}
         location @too_slow {{ {refusal(504)} }}
     }}
+"""
+
+
+def render_conf(cfg: NodeConfig) -> str:
+    """nginx's whole configuration for a head's door: the loopback door on the clients' port (``has_door``: not
+    while a release from before the door serves on that port itself) and, with endpoint_enabled, the TLS endpoint.
+    Every value is a validated number, address or route."""
+    keyed = f"""
+    map $http_authorization $endpoint_client {{
+        default "";
+        include {CLIENTS_MAP};
+    }}
+    map $http_authorization $endpoint_monitor {{
+        default "";
+        include {MONITOR_MAP};
+    }}
+    # the client's name, never its key: no header is logged
+    log_format endpoint '$remote_addr $endpoint_client$endpoint_monitor [$time_iso8601] "$request_method $uri" '
+                        '$status $body_bytes_sent $request_time';
+
+    limit_req_zone $endpoint_client zone=endpoint_clients:1m rate={cfg.endpoint_rate_per_minute}r/m;
+    limit_req_zone $binary_remote_addr zone=endpoint_anonymous:1m rate={cfg.endpoint_anonymous_per_minute}r/m;
+    limit_conn_zone $endpoint_client zone=endpoint_inflight:1m;
+    limit_req_status 429;
+    limit_conn_status 429;
+""" if cfg.endpoint_enabled else ""
+    servers = ((render_loopback_door(cfg) if cfg.has_door else "")
+               + (render_tls_endpoint(cfg) if cfg.endpoint_enabled else ""))
+    return f"""# inference-nodes: the head's door (generated from the inventory; a converge replaces it). No key is in this file.
+daemon off;
+user www-data;
+worker_processes auto;
+pid /run/{UNIT}/nginx.pid;
+error_log stderr warn;
+
+events {{
+    worker_connections 1024;
 }}
+
+http {{
+    server_tokens off;
+    types {{ application/json json; }}
+    default_type application/octet-stream;
+    client_body_temp_path /var/cache/{UNIT}/body;
+    proxy_temp_path /var/cache/{UNIT}/proxy;
+    fastcgi_temp_path /var/cache/{UNIT}/fastcgi;
+    uwsgi_temp_path /var/cache/{UNIT}/uwsgi;
+    scgi_temp_path /var/cache/{UNIT}/scgi;
+    log_format door '$remote_addr [$time_iso8601] "$request_method $uri" $status $body_bytes_sent $request_time';
+{keyed}
+    upstream vllm {{
+        server {url_host(cfg.engine_address)}:{cfg.engine_port};
+        keepalive 16;
+        keepalive_timeout {UPSTREAM_IDLE_S}s;  # below vLLM's own 5 s: nginx never reuses a connection vLLM is closing
+    }}
+{servers}}}
 """
 
 
 def render_unit(cfg: NodeConfig) -> str:
-    """The endpoint's unit: nginx as the master (root: it binds the port and reads the keys) with workers as
+    """The door's unit: nginx as the master (root: it binds the ports and reads the keys) with workers as
     www-data, started after its config checks, reloaded gracefully, confined to what it writes."""
     nginx = f"/usr/sbin/nginx -e stderr -c {CONF}"  # -e: not the build's default error log (read-only here)
-    return f"""# inference-nodes: the authenticated TLS endpoint in front of the vLLM API (deploys/endpoint.py)
+    return f"""# inference-nodes: the head's door in front of the vLLM API (deploys/endpoint.py)
 [Unit]
-Description=inference-nodes endpoint: TLS and client keys in front of the vLLM API on loopback
+Description=inference-nodes door: the API's port (and the TLS endpoint) in front of vLLM on loopback
 After=network-online.target {unit_word(cfg.container_name + ".service")}
 Wants=network-online.target
 
@@ -283,17 +338,17 @@ def render_logrotate() -> str:
 
 
 def endpoint_reads(cfg: NodeConfig) -> list:
-    """What the endpoint's operations read on this node (deploys/run/reads.py expect)."""
+    """What the door's operations read on this node (deploys/run/reads.py expect)."""
     here = [(ManagedFiles, {"paths": (*FILES, UNIT_PATH)}), *service_reads(f"{UNIT}.service")]
-    if not (cfg.endpoint_enabled and cfg.is_head):
+    if not cfg.is_head:
         return here
     return [*here, (Link, {"path": DISTRO_MASK}), *service_reads(DISTRO_UNIT), *follow_up_reads(RELOAD_STAMP, RESTART_STAMP)]
 
 
 @operation()
 def endpoint_removed():
-    """An endpoint turned off (or on a node that is no longer a head) leaves nothing: its unit stopped and disabled,
-    its files gone (the distribution's nginx package stays, masked)."""
+    """A node that is no longer a head keeps no door: its unit stopped and disabled, its files gone (the
+    distribution's nginx package stays, masked)."""
     running, enabled = unit_state(host, f"{UNIT}.service")
     present = [p for p, info in read(host, ManagedFiles, paths=(*FILES, UNIT_PATH)).items() if info is not None]
     if running or enabled:
@@ -301,31 +356,46 @@ def endpoint_removed():
     if present:
         yield StringCommand("rm", "-f", *present)
     if not (present or running or enabled):
-        host.noop("no endpoint on this node")
+        host.noop("no door on this node")
+
+
+@operation()
+def tls_endpoint_files_removed():
+    """An endpoint turned off on a head: its certificate, key and client keys leave the node (the door stays on the
+    clients' loopback port; the reload that follows stops the TLS listener)."""
+    present = [p for p, info in read(host, ManagedFiles, paths=TLS_FILES).items() if info is not None]
+    if present:
+        yield StringCommand("rm", "-f", *present)
+    else:
+        host.noop("no TLS endpoint files on this node")
 
 
 @deploy("Endpoint")
 def endpoint():
-    """The cluster's authenticated TLS endpoint on its head (endpoint_enabled), or none."""
+    """The door on every head (nginx on the clients' API port in front of vLLM's own port), with the cluster's
+    authenticated TLS endpoint where endpoint_enabled; nothing on a worker."""
     cfg = as_served(node_config())  # in front of the release that serves (one asked for may be held back)
     expect(endpoint_reads(cfg))
     batch = (*FILES, UNIT_PATH)
-    if not (cfg.endpoint_enabled and cfg.is_head):
-        endpoint_removed(name="No endpoint on this node (endpoint_enabled is off, or not the head)")
+    if not cfg.is_head:
+        endpoint_removed(name="No door on this node (not the head)")
         return
-    clients = read_clients(cfg.endpoint_clients_file)
-    clients_map, monitor_map = render_maps(cfg, clients)
     distro_unit_masked(name=f"Mask the distribution's {DISTRO_UNIT} (the endpoint runs its own unit)", unit=DISTRO_UNIT,
                        ours=f"{UNIT}.service")
     packages_installed(name="Install nginx from the distribution", packages=["nginx"])
     conf = render_conf(cfg)
-    with open(cfg.endpoint_tls_cert, encoding="utf-8") as f:
-        cert = f.read()
-    with open(cfg.endpoint_tls_key, encoding="utf-8") as f:
-        key = f.read()
-    for dest, content, what in ((CERT, cert, "certificate"), (KEY, key, "private key"),
-                                (CLIENTS_MAP, clients_map, "client keys"), (MONITOR_MAP, monitor_map, "monitoring key"),
-                                (CONF, conf, "nginx configuration")):
+    tls: tuple[tuple[str, str, str], ...] = ()
+    if cfg.endpoint_enabled:
+        clients_map, monitor_map = render_maps(cfg, read_clients(cfg.endpoint_clients_file))
+        with open(cfg.endpoint_tls_cert, encoding="utf-8") as f:
+            cert = f.read()
+        with open(cfg.endpoint_tls_key, encoding="utf-8") as f:
+            key = f.read()
+        tls = ((CERT, cert, "certificate"), (KEY, key, "private key"), (CLIENTS_MAP, clients_map, "client keys"),
+               (MONITOR_MAP, monitor_map, "monitoring key"))
+    else:
+        tls_endpoint_files_removed(name="No TLS endpoint on this head (endpoint_enabled is off): its keys leave")
+    for dest, content, what in (*tls, (CONF, conf, "nginx configuration")):
         secret_file(name=f"Install the endpoint's {what} (0600, never printed)", src=StringIO(content), dest=dest,
                     batch=batch)
     atomic_put(name="Install the endpoint's reload (returns once the new configuration serves)",
@@ -341,7 +411,7 @@ def endpoint():
     unit_running(name=f"Start and enable {UNIT}.service", unit=f"{UNIT}.service")
     follow_up_done(name="Reload the endpoint after a change of keys, certificate or routes (graceful: streams go on)",
                    stamp=RELOAD_STAMP, command=f"systemctl reload {UNIT}.service",
-                   paths=(CERT, KEY, CLIENTS_MAP, MONITOR_MAP, CONF), contents=(cert, key, clients_map, monitor_map, conf))
+                   paths=(*(dest for dest, _, _ in tls), CONF), contents=(*(text for _, text, _ in tls), conf))
 
 
 def endpoint_url(cfg: NodeConfig) -> str:

@@ -53,10 +53,11 @@ def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: li
         out[container_runtime.AUTH_FILE] = "# not rendered: the deploy copies registry_auth_file here (0600)\n"
     if cfg.model_hub_token_file:
         out[model_snapshot.HUB_TOKEN] = "# not rendered: the deploy copies model_hub_token_file here (0600)\n"
-    if cfg.endpoint_enabled and cfg.is_head:
+    if cfg.is_head:
         out[endpoint.CONF] = endpoint.render_conf(cfg)
         out[endpoint.UNIT_PATH] = endpoint.render_unit(cfg)
         out[endpoint.LOGROTATE] = endpoint.render_logrotate()
+    if cfg.endpoint_enabled and cfg.is_head:
         for path, key in ((endpoint.CERT, "endpoint_tls_cert"), (endpoint.KEY, "endpoint_tls_key")):
             out[path] = f"# not rendered: the deploy copies {key} here (0600)\n"
         names = list(read_clients(cfg.endpoint_clients_file))

@@ -51,7 +51,8 @@ def node_script(run: str, names: tuple[str, ...] = GATE_FILES) -> str:
 
 def engine_url(cfg: NodeConfig) -> str:
     """vLLM itself (its own port, not what fronts it): where the gate, the drain and the readiness wait ask."""
-    return f"http://{cfg.api_bind_address}:{cfg.engine_port}"
+    host = f"[{cfg.engine_address}]" if ":" in cfg.engine_address else cfg.engine_address
+    return f"http://{host}:{cfg.engine_port}"
 
 
 def gate_options(cfg: NodeConfig) -> list[str]:

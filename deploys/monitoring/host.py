@@ -103,7 +103,7 @@ def render_prometheus(configs: dict[str, NodeConfig], me: NodeConfig, watcher: s
             if cfg.endpoint_tls_ca:
                 job["tls_config"] = {"ca_file": ca_path(name)}
         elif how == "loopback":
-            job["static_configs"] = [{"targets": [f"{url_host(cfg.api_bind_address)}:{cfg.engine_port}"], "labels": labels}]
+            job["static_configs"] = [{"targets": [f"{url_host(cfg.engine_address)}:{cfg.engine_port}"], "labels": labels}]
         else:
             continue  # served by node-exporter (job `node`) from the node's facts program
         scrapes.append(job)

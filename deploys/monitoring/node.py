@@ -95,13 +95,13 @@ def render_facts_config(name: str, cfg: NodeConfig, watcher: str | None) -> str:
         "interval_s": cfg.monitoring_facts_interval_s,
         "gate_last": gate_last_path(cfg) if cfg.is_head else None,
         "gate_passed": gate_record_path(cfg) if cfg.is_head else None,
-        "endpoint_closed_flag": closed_flag_path(cfg) if cfg.is_head and cfg.endpoint_enabled else None,
+        "endpoint_closed_flag": closed_flag_path(cfg) if cfg.is_head else None,
         "switch_marker": switch_marker_path(cfg),
         "restart_account": f"{TEXTFILE_DIR}/restart-account.json",  # (not *.prom: node-exporter reads no other file)
         "started_from": started_from_path(cfg) if cfg.is_head else None,
         "service": f"{cfg.container_name}.service",
         "smi_timeout_s": SMI_TIMEOUT_S,
-        "vllm_metrics_url": f"http://{url_host(cfg.api_bind_address)}:{cfg.engine_port}/metrics" if republish else None,
+        "vllm_metrics_url": f"http://{url_host(cfg.engine_address)}:{cfg.engine_port}/metrics" if republish else None,
         "vllm_out": f"{TEXTFILE_DIR}/vllm.prom",
     }, indent=1, sort_keys=True) + "\n"
 

@@ -15,7 +15,16 @@ if TYPE_CHECKING:
     from deploys.schema import NodeConfig
 
 _HELD = "release held back"
-API_KEYS = ("api_bind_address", "api_port")
+API_KEYS = ("api_bind_address", "api_port", "engine_port")
+
+
+def release_api_of(record: dict) -> dict:
+    """The API keys a release's record holds (``API_KEYS``). A record from before the door has no engine port: that
+    release's vLLM listened on the clients' port itself (engine_port = its api_port: no door in front of it)."""
+    api = {k: record[k] for k in API_KEYS if record.get(k) is not None}
+    if "api_port" in api and "engine_port" not in api:
+        api["engine_port"] = api["api_port"]
+    return api
 
 
 def hold(why: str | None, served: dict | None = None) -> None:
@@ -32,5 +41,5 @@ def release_held() -> str | None:
 def as_served(cfg: NodeConfig) -> NodeConfig:
     """``cfg`` with the API of the release that serves where the one asked for is held back (else ``cfg``)."""
     held = kept(ctx_host.get(), _HELD, lambda: None)
-    api = {k: held[1][k] for k in API_KEYS if held and held[1].get(k) is not None}
+    api = release_api_of(held[1]) if held else {}
     return cfg.model_copy(update=api) if api else cfg

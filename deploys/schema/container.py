@@ -38,9 +38,11 @@ DERIVED_VLLM_FLAGS = {
     "--master-addr": "the head's fabric_address", "--master-port": "vllm_master_port",
     "--headless": "node_rank > 0",
     "--speculative-config": "vllm_speculative_config", "-sc": "vllm_speculative_config",
-    "--host": "api_bind_address", "--port": "api_port",
+    "--host": "api_bind_address", "--port": "engine_port",
 }
 
+
+ENGINE_PORT_OFFSET = 10000  # engine_port's default distance from api_port
 
 SECRET_VLLM_FLAGS = frozenset({"--api-key", "--api_key", "--hf-token", "--hf_token"})
 
@@ -117,13 +119,38 @@ class ContainerKeys(ComponentKeys):
     container_tmp_dir: OwnedDir | None = _key(None, description="host directory for the container's persistent tmp")
     container_tmp_mount: ContainerPath = _key("/container-tmp", description="mount point of `container_tmp_dir` in the container")
     api_bind_address: IpAddress = _key("127.0.0.1", description="address the API listens on; loopback unless fronted by an authenticating proxy")
-    api_port: int = _key(8000, description="API port", ge=1, le=65535)
+    api_port: int = _key(8000, description="where clients on the head reach the API: the head's door (plain HTTP, "
+                         "a JSON 503 while the service switches releases) in front of vLLM on engine_port", ge=1, le=65535)
+    engine_port: int | None = _key(
+        None, description="where vLLM itself listens, on loopback behind the head's door (the serving gate, the drain "
+        "and the metrics ask it there); default api_port + 10000 (api_port - 10000 above 55535)", ge=1, le=65535)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_port_beside_the_api(cls, data):
+        """engine_port's default, from api_port as given (a value api_port refuses is reported under api_port)."""
+        if isinstance(data, dict) and data.get("engine_port") is None:
+            try:
+                api = int(data.get("api_port", 8000))
+            except (TypeError, ValueError):
+                return data
+            return {**data, "engine_port": api + ENGINE_PORT_OFFSET if api + ENGINE_PORT_OFFSET <= 65535
+                    else api - ENGINE_PORT_OFFSET}
+        return data
 
     @property
-    def engine_port(self) -> int:
-        """Where vLLM itself listens (with api_bind_address): the serving gate, the drain, the endpoint's upstream
-        and the metrics read vLLM here, never through what fronts it."""
-        return self.api_port
+    def engine_address(self) -> str:
+        """vLLM's own address: loopback behind the door (api_bind_address where that is loopback). A release from
+        before the door (its record has no engine port: engine_port is its api_port) listened where clients were."""
+        if self.engine_port == self.api_port or ipaddress.ip_address(self.api_bind_address).is_loopback:
+            return self.api_bind_address
+        return "::1" if ipaddress.ip_address(self.api_bind_address).version == 6 else "127.0.0.1"
+
+    @property
+    def has_door(self) -> bool:
+        """Whether clients' API port is a door of its own (nginx) in front of vLLM: every head the inventory
+        describes; not a release from before the door, which serves on the clients' port itself."""
+        return self.engine_port != self.api_port
     api_protected_by: str | None = _key(
         None, description="how a non-loopback API is protected (required when `api_bind_address` is not loopback)"
     )
@@ -216,11 +243,11 @@ class ContainerKeys(ComponentKeys):
                 raise KeyRuleError("vllm_args", self.vllm_args,
                                    "no flags with vllm_launch image_env (the image's script builds vLLM's arguments "
                                    "from service_env)")
-            derived = {"SERVED_MODEL_NAME": self.served_model_name, "PORT": str(self.api_port)}
+            derived = {"SERVED_MODEL_NAME": self.served_model_name, "PORT": str(self.engine_port)}
             for name, want in derived.items():
                 have = self.service_env.get(name)
                 if have is not None and want is not None and have != want:
-                    key = "served_model_name" if name == "SERVED_MODEL_NAME" else "api_port"
+                    key = "served_model_name" if name == "SERVED_MODEL_NAME" else "engine_port"
                     raise KeyRuleError("service_env", f"{name}={have}", f"{name} equal to {key} ({want})")
         else:
             if self.container_exec:
@@ -288,6 +315,9 @@ class ContainerKeys(ComponentKeys):
                 self.container_shm_size,
                 "unset while container_ipc_host is true (Podman refuses --ipc=host with a shm size)",
             )
+        if self.engine_port == self.api_port:
+            raise KeyRuleError("engine_port", self.engine_port,
+                               "a port other than api_port (the head's door listens there, in front of vLLM)")
         if not ipaddress.ip_address(self.api_bind_address).is_loopback and not (self.api_protected_by or "").strip():
             raise KeyRuleError(
                 "api_protected_by",

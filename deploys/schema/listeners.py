@@ -8,7 +8,8 @@ an ``IpAddress`` (deploys/schema/base.py), held in its one canonical spelling.
 
 What is in the table, per host (pyinfra's ssh_port is the port sshd listens on, on every address):
 
-- ``ssh_port`` (not for a connector's `@local`), the API (``api_bind_address``:``api_port``, heads), the torch
+- ``ssh_port`` (not for a connector's `@local`), the API's door (``api_bind_address``:``api_port``, heads) and
+  vLLM behind it (loopback, ``engine_port``), the torch
   rendezvous of a multi-node head (every address, ``vllm_master_port``), the endpoint (heads with it on), node
   exporter (loopback and ``node_exporter_address``, with ``monitoring_enabled``), Prometheus and Alertmanager
   (loopback, on the host of the group `monitoring`), and the push fan-out's rsync daemon (its peer address, every
@@ -63,7 +64,8 @@ def host_listeners(name: str, cfg: NodeConfig, data: dict, cluster_size: int, ss
     if not name.startswith("@") and ssh_port is not None:
         out.append(listener("ssh_port", EVERY_ADDRESS, ssh_port, "sshd"))
     if cfg.is_head:
-        out.append(listener("api_port", cfg.api_bind_address, cfg.api_port, "vLLM's API"))
+        out.append(listener("api_port", cfg.api_bind_address, cfg.api_port, "the API's door"))
+        out.append(listener("engine_port", cfg.engine_address, cfg.engine_port, "vLLM's API"))
         if cluster_size > 1:
             out.append(listener("vllm_master_port", EVERY_ADDRESS, cfg.vllm_master_port,
                                 "the head's torch rendezvous (it binds every address)"))
@@ -85,7 +87,8 @@ def host_listeners(name: str, cfg: NodeConfig, data: dict, cluster_size: int, ss
 
 
 # the key naming the address of each listener's port key
-_ADDRESS_KEY = {"ssh_port": "ssh_hostname", "api_port": "api_bind_address", "vllm_master_port": "fabric_address",
+_ADDRESS_KEY = {"ssh_port": "ssh_hostname", "api_port": "api_bind_address", "engine_port": "api_bind_address",
+                "vllm_master_port": "fabric_address",
                 "endpoint_port": "endpoint_address", "node_exporter_port": "node_exporter_address",
                 "prometheus_port": "prometheus_port", "alertmanager_port": "alertmanager_port",
                 "model_peer_port": "model_peer_address"}

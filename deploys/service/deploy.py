@@ -24,7 +24,7 @@ from deploys.schema import NodeConfig
 from deploys.service.launch_check import args_check_command, vllm_accepts
 from deploys.service.prune import prune_reads, releases_pruned
 from deploys.service.release import gate_record_path, release_of
-from deploys.service.restart import (cluster_changes_whole, endpoint_closed_for_the_switch, service_current,
+from deploys.service.restart import (cluster_changes_whole, door_closed_for_the_switch, service_current,
                                      service_files_placed, switch_marked)
 from deploys.service.backoff import backoff_reads, backoff_reset_installed
 from deploys.service.switch import service_serving, switch_leftovers
@@ -102,8 +102,8 @@ def inference_service():
     if cfg.is_head:
         switch_marked(name="Mark the switch before it starts (heads and single nodes)", service=service,
                       started_from=started, fingerprint=fp)
-    if cfg.is_head and cfg.endpoint_enabled:
-        endpoint_closed_for_the_switch(name="Close the endpoint to new requests before a restart", service=service,
+    if cfg.is_head:
+        door_closed_for_the_switch(name="Close the door to new requests before a restart", service=service,
                                        started_from=started, fingerprint=fp, flag=closed_flag_path(cfg))
     service_current(name="Start or update workers (rank > 0) before heads", service=service, started_from=started,
                     fingerprint=fp, record=record, act=not cfg.is_head, staged=staged)

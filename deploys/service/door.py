@@ -36,7 +36,7 @@ def drain(state, host, cfg: NodeConfig) -> bool:
     ok, out = run_on(host, StringCommand("python3", "-c", QuoteString(DRAIN), f"{engine_url(cfg)}/metrics",
                                          str(cfg.endpoint_drain_s)), **sudo_args(host))
     left, waited = (out.stdout.split() + ["?", "?"])[:2] if ok else ("?", "?")
-    host.log_styled("closed the endpoint to new requests (JSON 503, Retry-After); " + drain_told(left, waited, cfg),
+    host.log_styled("closed the door to new requests (JSON 503, Retry-After); " + drain_told(left, waited, cfg),
                     log_func=logger.info)
     return True
 

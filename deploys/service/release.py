@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from deploys.model import integrity as model_integrity
 from deploys.model.snapshot import GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER
 from deploys.ops import content_fingerprint, files_fingerprint_command, follow_up_stamp
+from deploys.run.held import release_api_of
 from deploys.schema import NodeConfig
 from deploys.service.unit import QUADLET_STAMP, UNIT_DIR, served_model_name, service_env_path
 from files.model_snapshot.snapshot_manifest import KEPT_TREES
@@ -46,13 +47,13 @@ def release_of(cfg: NodeConfig, unit_fingerprint: str) -> dict:
 def release_api(cfg: NodeConfig) -> dict:
     """Where a release answers and under which name: kept with it, so a rollback gates the release it restored
     where that one listens (a failed release may have changed the port, address or name)."""
-    return {"api_bind_address": cfg.api_bind_address, "api_port": cfg.api_port,
+    return {"api_bind_address": cfg.api_bind_address, "api_port": cfg.api_port, "engine_port": cfg.engine_port,
             "served_model_name": served_model_name(cfg)}
 
 
 def as_released(cfg: NodeConfig, model: str, release: dict) -> tuple[NodeConfig, str]:
     """``cfg`` and the served name as ``release`` recorded them (a release kept before they were recorded: as now)."""
-    api = {k: release[k] for k in ("api_bind_address", "api_port") if release.get(k) is not None}
+    api = release_api_of(release)
     return cfg.model_copy(update=api), release.get("served_model_name") or model
 
 

@@ -173,25 +173,24 @@ def switch_marked(service: str, started_from: str, fingerprint: str):
         host.noop(f"{service} is not restarted")
         return
     cfg = node_config()
-    yield StringCommand("sh", "-c", QuoteString(switch_marker_command(cfg, cfg.endpoint_drain_s
-                                                                      if cfg.endpoint_enabled else 0)))
+    yield StringCommand("sh", "-c", QuoteString(switch_marker_command(cfg, cfg.endpoint_drain_s)))
 
 
 @operation()
-def endpoint_closed_for_the_switch(service: str, started_from: str, fingerprint: str, flag: str):
-    """A head whose service is about to restart (``restart_reason``) closes its endpoint to new API requests first
-    (the flag nginx answers a JSON 503 for) and lets the requests in flight finish, at most ``endpoint_drain_s``:
+def door_closed_for_the_switch(service: str, started_from: str, fingerprint: str, flag: str):
+    """A head whose service is about to restart (``restart_reason``) closes its door to new API requests first
+    (the flag its nginx answers a JSON 503 for, on the clients' loopback port and the endpoint alike) and lets the requests in flight finish, at most ``endpoint_drain_s``:
     clients never get an answer from a release that has not passed the gate, nor a cut stream while it can be
     helped. Opened again once a release passed (``_wait_and_gate``, or ``service_serving`` on a later converge).
 
     + service: the generated service name
     + started_from: the file the unit writes at each start
     + fingerprint: hash of the rendered unit and fabric env
-    + flag: the endpoint's closed-door flag (``closed_flag_path``)
+    + flag: the door's closed flag (``closed_flag_path``)
     """
     running, reason = restart_due(service, started_from, fingerprint)
     if reason is None:
-        host.noop(f"{service} is not restarted: its endpoint stays as it is")
+        host.noop(f"{service} is not restarted: its door stays as it is")
         return
     cfg = node_config()
     # (its switch marker was written just before: switch_marked)

@@ -288,5 +288,5 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
 
 def switch_leftovers(cfg: NodeConfig, head: bool) -> tuple[str, ...]:
     """What a switch leaves on a node until it ends (``_wait_and_gate``): the model-upgrade mark, and a head's closed
-    endpoint flag."""
-    return (UPGRADE_MARKER, *((closed_flag_path(cfg),) if head and cfg.endpoint_enabled else ()))
+    door flag."""
+    return (UPGRADE_MARKER, *((closed_flag_path(cfg),) if head else ()))

@@ -82,7 +82,7 @@ def vllm_argv(cfg: NodeConfig, head: NodeConfig | None, nodes: int) -> list[str]
     if nodes > 1 and not cfg.is_head:
         argv.append("--headless")
     else:
-        argv += ["--host", cfg.api_bind_address, "--port", str(cfg.engine_port)]
+        argv += ["--host", cfg.engine_address, "--port", str(cfg.engine_port)]
     if cfg.vllm_speculative_config is not None:
         argv += ["--speculative-config", json.dumps(cfg.vllm_speculative_config, sort_keys=True, separators=(",", ":"))]
     return argv + list(cfg.vllm_args)
@@ -117,7 +117,7 @@ def service_environment(cfg: NodeConfig, head: NodeConfig | None, nodes: int) ->
         env.setdefault("VLLM_CACHE_ROOT", f"{cfg.jit_cache_mount}/vllm")
     if cfg.vllm_launch == "image_env":
         env["MODEL_PATH"] = model_path_in_container(cfg)
-        env["HOST"] = cfg.api_bind_address
+        env["HOST"] = cfg.engine_address
         env.setdefault("PORT", str(cfg.engine_port))
         env.setdefault("TP_SIZE", str(cfg.tensor_parallel_size))
         if cfg.served_model_name:

@@ -1,8 +1,8 @@
-"""Audit of the authenticated TLS endpoint (deploys/endpoint.py) on each head that has one, from the control node,
-exactly as a client reaches it: TLS verified against the inventory's CA, bearer keys from the clients file. It
-serves the allowed routes to a valid key and refuses everything else; vLLM and everything else on the head stay on
-loopback; no client key shows in a process listing or the access log. Heads without an endpoint: the endpoint's
-unit is not there."""
+"""Audit of each head's door and of the authenticated TLS endpoint (deploys/endpoint.py). The door runs on every
+head (and nowhere else), on the clients' API port, open, in front of vLLM. The endpoint, where a head has one, from
+the control node exactly as a client reaches it: TLS verified against the inventory's CA, bearer keys from the
+clients file. It serves the allowed routes to a valid key and refuses everything else; vLLM and everything else on
+the head stay on loopback; no client key shows in a process listing or the access log."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from deploys.monitoring.node import EXPORTER
-from deploys.endpoint import ACCESS_LOG, UNIT, endpoint_url
+from deploys.endpoint import ACCESS_LOG, UNIT, closed_flag_path, endpoint_url, url_host
 from deploys.schema.control_readers import read_clients
 from deploys.service.unit import served_model_name
 
@@ -55,12 +55,29 @@ def _get(node, path: str, key: str | None = None, method: str = "GET", **kw) -> 
                             verify=node.cfg.endpoint_tls_ca or True, **kw)
 
 
-def test_the_endpoint_unit_runs_where_the_inventory_has_one_and_nowhere_else(node, head_only):
+def test_the_door_runs_on_every_head_and_nowhere_else(node):
     service = node.host.service(f"{UNIT}.service")
-    if node.cfg.endpoint_enabled:
+    if node.cfg.is_head:
         assert service.is_running and service.is_enabled, f"{node.name}: {UNIT}.service is not running and enabled"
     else:
-        assert not service.is_running, f"{node.name}: {UNIT}.service runs, but endpoint_enabled is off"
+        assert not service.is_running, f"{node.name}: {UNIT}.service runs on a worker (it serves no API)"
+
+
+def test_the_door_on_the_clients_port_is_nginx_and_open_in_front_of_vllm(node, head_only, readiness):
+    """On the clients' own address and port: the door's nginx (vLLM itself listens on engine_port), not closed
+    (no switch runs now), and what it passes on is vLLM's answer (the served model's name)."""
+    cfg = node.cfg
+    door = [(a, p, proc, cg) for a, p, proc, cg in _listeners(node) if p == cfg.api_port and a == cfg.api_bind_address]
+    assert door and all(proc == "nginx" and f"/{UNIT}.service" in cg for _, _, proc, cg in door), \
+        f"{node.name}: on {cfg.api_bind_address}:{cfg.api_port}: {[(proc, cg) for _, _, proc, cg in door]}"
+    assert not node.host.file(closed_flag_path(cfg)).exists, f"{node.name}: the door is closed and no switch runs"
+    ok, why = readiness(node)
+    if not ok:
+        pytest.fail(why, pytrace=False)
+    url = f"http://{url_host(cfg.api_bind_address)}:{cfg.api_port}/v1/models"
+    out = node.host.run(f"curl -s -w '\\n%{{http_code}}' {url}")
+    body, _, status = out.stdout.rpartition("\n")
+    assert status == "200" and served_model_name(cfg) in body, f"{node.name}: {url} through the door: {status}"
 
 
 def test_the_endpoint_serves_a_client_key_over_verified_tls(serving_endpoint):

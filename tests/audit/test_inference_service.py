@@ -89,14 +89,16 @@ def test_jit_directories_persist(node):
 
 
 def test_api_listens_where_the_inventory_says_and_nowhere_else(node, pytestconfig):
-    port = node.cfg.api_port
+    """vLLM itself on engine_port, on loopback (the head's door, on the clients' api_port, is the endpoint audit's)."""
+    port = node.cfg.engine_port
     listening = node.host.check_output(f"ss -Hltn 'sport = :{port}'").split()
     local = [w for w in listening if w.endswith(f":{port}")]
     _, nodes = _cluster(node, pytestconfig)
     if nodes > 1 and node.cfg.node_rank > 0:
         assert local == [], f"a worker (--headless) serves no API, but {local} listen"
     else:
-        assert local == [f"{node.cfg.api_bind_address}:{port}"], local
+        address = node.cfg.engine_address
+        assert local == [f"[{address}]:{port}" if ":" in address else f"{address}:{port}"], local
 
 
 def test_running_container_is_the_rendered_one(node, pytestconfig):

@@ -25,7 +25,8 @@ from tests.sandbox.endpoint_client import STREAM_TOKENS, EndpointClient
 from tests.sandbox.standin_hub import BROKEN_COMMIT
 from tests.sandbox.webhook_listener import WebhookListener
 
-PORTS = {"sandbox-a": 8101, "sandbox-b0": 8102}
+PORTS = {"sandbox-a": 8101, "sandbox-b0": 8102}  # the heads' doors, where clients on the node reach the API
+ENGINE_PORTS = {"sandbox-a": 18101, "sandbox-b0": 18102}  # vLLM itself, behind the door (engine_port's default)
 UNITS = {"sandbox-a": "grandpa.service", "sandbox-b0": "inference.service", "sandbox-b1": "inference.service"}
 CONTAINERS = {"sandbox-a": "grandpa", "sandbox-b0": "inference", "sandbox-b1": "inference"}
 HEADS = ("sandbox-a", "sandbox-b0")
@@ -65,8 +66,10 @@ def gate(*limit: str, marks: str = "serving") -> subprocess.CompletedProcess:
 def test_real_vllm_answers_on_loopback_only(sandbox):
     for node in HEADS:
         wait_ready(node)
-        listen = on_node(node, f"ss -Hltn 'sport = :{PORTS[node]}'").stdout.split()
-        assert f"127.0.0.1:{PORTS[node]}" in listen and f"0.0.0.0:{PORTS[node]}" not in listen
+        for port, door in ((PORTS[node], True), (ENGINE_PORTS[node], False)):  # the door, vLLM behind it
+            listen = on_node(node, f"ss -Hltnp 'sport = :{port}'").stdout
+            assert f"127.0.0.1:{port}" in listen and f"0.0.0.0:{port}" not in listen, (node, listen)
+            assert ('"nginx"' in listen) == door, (node, listen)
     assert models("sandbox-a") == ["grandpa"]
     assert models("sandbox-b0") == ["deepseek-v4-flash-0731"]
     assert on_node("sandbox-b1", "ss -Hltn 'sport = :8103'").stdout.strip() == "", "the worker serves no API"
@@ -453,7 +456,7 @@ def test_a_forced_full_rehash_repairs_under_the_running_service_and_restarts_it(
     changed = [name for name, _ in changed_operations(forced)]
     assert changed == ["Model snapshot | Sync and verify the model snapshot",
                        "Inference service | Mark the switch before it starts (heads and single nodes)",
-                       "Inference service | Close the endpoint to new requests before a restart",
+                       "Inference service | Close the door to new requests before a restart",
                        "Inference service | Start or update heads and single nodes",
                        "Inference service | Wait until it serves (heads: /health and the serving gate)"], changed
     assert "HASH model-00001-of-00004.safetensors" in forced.stderr
@@ -521,7 +524,7 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     assert client.seen["closed"] > 0 and client.seen["good"] > 0, client.seen
     assert client.seen["other"] == 0, client.other[:5]
     assert client.stream_tokens == STREAM_TOKENS, "the stream in flight at the switch did not complete"
-    assert "closed the endpoint to new requests" in converge.stderr, converge.stderr[-3000:]
+    assert "closed the door to new requests" in converge.stderr, converge.stderr[-3000:]
     assert converge.returncode == 1, converge.stderr[-3000:]
     assert "which failed too" not in converge.stderr, converge.stderr[-3000:]
     assert wait_ready(node, 60) >= 0, "the restored release answers on its own port (8101)"
@@ -541,8 +544,8 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     assert "model sync" not in again.stderr and "verify:" not in again.stderr, again.stderr[-3000:]
     assert main_pid(node) == pid, "the held-back converge restarted the service"
     assert on_node(node, f"test -s {LIMITS_FILE}").returncode == 0, "the rest of the host did not converge"
-    upstream = on_node(node, f"grep -o '127.0.0.1:81[0-9]*' {ENDPOINT_CONF} | sort -u").stdout.split()
-    assert upstream == ["127.0.0.1:8101"], upstream
+    ports = on_node(node, f"grep -oE '(server|listen) 127.0.0.1:[0-9]+' {ENDPOINT_CONF} | sort -u").stdout
+    assert ports.split("\n")[:2] == ["listen 127.0.0.1:8101", "server 127.0.0.1:18101"], ports
     assert f"{node}: grandpa.service answers /health but failed the serving gate: " in converge.stderr
     assert "coherence: answer:" in converge.stderr and "its journal ends:" in converge.stderr, converge.stderr[-3000:]
     assert f"{node}: rolled back: grandpa.service serves the last good release " in converge.stderr, converge.stderr[-3000:]
@@ -583,7 +586,9 @@ def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbo
     """The pair upgraded to the scrambled commit: both nodes sync it over the `plain` directory (the good commit is
     kept as hard links beside), restart, and the head's gate fails on coherence. Both roll back, the worker first:
     the good commit is linked back (the very files that passed), both restart and form one job again, and the head
-    passes the gate; the host's error says so."""
+    passes the gate; the host's error says so. A client on the head's usual loopback port (its door: the pair has
+    no endpoint) sees good answers, then the closed door's JSON 503, then good answers again: never one from the
+    scrambled release, and a stream in flight when the door closed finishes."""
     pair = ("sandbox-b0", "sandbox-b1")
     plain = "/srv/models/DeepSeek-V4-Flash-0731"
     kept = f"{plain}/.inference-nodes-releases/9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
@@ -593,8 +598,16 @@ def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbo
     since = {n: on_node(n, "date -u '+%Y-%m-%d %H:%M:%S'").stdout.strip() for n in pair}
     crashes = unplanned_restarts("sandbox-b0")
     manifest = f"{SANDBOX_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{BROKEN_COMMIT}.json"
-    proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", "gb10_dspark", "--data", f"model_revision={BROKEN_COMMIT}",
-                   "--data", f"model_manifest={manifest}", check=False)
+    with EndpointClient("sandbox-b0", door=True) as client:
+        proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", "gb10_dspark", "--data",
+                       f"model_revision={BROKEN_COMMIT}", "--data", f"model_manifest={manifest}", check=False)
+        time.sleep(3)
+    print(f"\n[drill] a client on the pair head's door through the failed switch and its rollback: {client.summary()}")
+    assert client.seen["wrong"] == 0, client.seen
+    assert client.seen["closed"] > 0 and client.seen["good"] > 0, client.seen
+    assert client.seen["other"] == 0, client.other[:5]
+    assert client.stream_tokens == STREAM_TOKENS, "the stream in flight at the switch did not complete"
+    assert "sandbox-b0: closed the door to new requests" in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "sandbox-b0: inference.service answers /health but failed the serving gate: " in proc.stderr, proc.stderr[-3000:]
     assert ("sandbox-b0: rolled back: inference.service serves the last good release " in proc.stderr

@@ -1,5 +1,5 @@
-"""A LAN client of a sandbox head's authenticated endpoint through a switch (the node tier's drill and
-bench/serve.py's): what it saw, counted."""
+"""A client of a sandbox head through a switch, on the LAN through its authenticated endpoint or on the node through
+its door on the clients' loopback port (the node tier's drills and bench/serve.py's): what it saw, counted."""
 
 from __future__ import annotations
 
@@ -10,25 +10,33 @@ STREAM_TOKENS = 200  # in flight when the door closes in most runs (the drain wa
 
 
 class EndpointClient:
-    """A LAN client of sandbox-a's endpoint through a switch: one chat a second, and one stream started before the
-    switch. Counts what it saw: good answers, wrong answers (HTTP 200 without the known answer), JSON 503s with
-    Retry-After (the closed door) and anything else."""
+    """A client of a head through a switch: one chat a second, and one stream started before the switch. Counts
+    what it saw: good answers, wrong answers (HTTP 200 without the known answer), JSON 503s with Retry-After (the
+    closed door) and anything else. ``door``: on the head's clients' port (plain, no key; the sandbox's nodes share
+    this machine's loopback), else through its TLS endpoint with the sandbox's client keys."""
 
-    def __init__(self, node: str, inventory: str = "inventories/sandbox.py"):
+    def __init__(self, node: str, inventory: str = "inventories/sandbox.py", door: bool = False):
         import threading
 
         import requests
 
-        from deploys.endpoint import endpoint_url
+        from deploys.endpoint import endpoint_url, url_host
         from deploys.schema.control_readers import read_clients
         from deploys.inventory import inventory_configs, load_inventory
+        from deploys.service.unit import served_model_name
 
         cfg = inventory_configs(load_inventory(inventory))[node]
-        self.requests, self.url, self.ca = requests, endpoint_url(cfg) + "/v1/chat/completions", cfg.endpoint_tls_ca
-        keys = read_clients(cfg.endpoint_clients_file)
-        # two clients: one may have only one request in flight (endpoint_key_concurrency below --max-num-seqs 2)
-        self.headers = {"Authorization": f"Bearer {keys['demo']}"}
-        self.stream_headers = {"Authorization": f"Bearer {keys['demo-stream']}"}
+        self.model = served_model_name(cfg)
+        self.requests = requests
+        if door:
+            self.url, self.ca = f"http://{url_host(cfg.api_bind_address)}:{cfg.api_port}/v1/chat/completions", None
+            self.headers = self.stream_headers = {}
+        else:
+            self.url, self.ca = endpoint_url(cfg) + "/v1/chat/completions", cfg.endpoint_tls_ca
+            keys = read_clients(cfg.endpoint_clients_file)
+            # two clients: one may have only one request in flight (endpoint_key_concurrency below --max-num-seqs 2)
+            self.headers = {"Authorization": f"Bearer {keys['demo']}"}
+            self.stream_headers = {"Authorization": f"Bearer {keys['demo-stream']}"}
         self.seen: dict[str, int] = {"good": 0, "wrong": 0, "closed": 0, "other": 0}
         self.closed_s, self.other, self.stream_tokens = 0.0, [], None
         self.first_closed = self.stream_ended = None
@@ -37,7 +45,7 @@ class EndpointClient:
                         threading.Thread(target=self._stream, daemon=True)]
 
     def _chat(self, max_tokens: int, stream: bool = False) -> dict:
-        return {"model": "grandpa", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        return {"model": self.model, "messages": [{"role": "user", "content": "What is the capital of France?"}],
                 "max_tokens": max_tokens, "temperature": 0, "stream": stream,
                 **({"ignore_eos": True, "stream_options": {"include_usage": True}} if stream else {})}
 

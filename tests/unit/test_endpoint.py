@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from deploys.endpoint import CLIENTS_MAP, CONF, MONITOR_MAP, UNIT_PATH, render_conf
+from deploys.endpoint import (CLIENTS_MAP, CONF, MONITOR_MAP, UNIT_PATH, render_conf, render_loopback_door,
+                              render_tls_endpoint)
 from deploys.schema.control_readers import EndpointFileError, read_clients
 from deploys.endpoint_ca import add_clients, endpoint_certificate, lab_ca
 from deploys.preflight import own_address_problems
@@ -192,14 +193,21 @@ def test_the_monitoring_client_must_be_in_the_file_and_someone_else_too(lab):
 def test_the_config_routes_only_the_allowed_paths_and_carries_no_key(lab):
     cfg = validate_hosts(_a(lab, endpoint_routes=["/v1/chat/completions", "/v1/models", "/tokenize"]))["node-a"]
     conf = render_conf(cfg)
-    assert re.findall(r"location = (\S+)", conf) == ["/v1/chat/completions", "/v1/models", "/tokenize", "/health",
-                                                     "/metrics", "/__inference_nodes_anonymous"]
-    assert "location / {\n            return 404 '{\"error\": {\"message\": \"no such route" in conf
-    assert "listen 192.0.2.10:8000 ssl;" in conf and "server 127.0.0.1:8000;" in conf
+    door, tls = render_loopback_door(cfg), render_tls_endpoint(cfg)
+    assert door in conf and tls in conf
+    assert re.findall(r"location = (\S+)", tls) == ["/v1/chat/completions", "/v1/models", "/tokenize", "/health",
+                                                    "/metrics", "/__inference_nodes_anonymous"]
+    assert "location / {\n            return 404 '{\"error\": {\"message\": \"no such route" in tls
+    assert "listen 192.0.2.10:8000 ssl;" in tls and "server 127.0.0.1:18000;" in conf
     for setting in ("proxy_buffering off;", "proxy_read_timeout 3600s;", "proxy_send_timeout 3600s;",
-                    "client_max_body_size 64m;", "rate=600r/m;", "burst=60 nodelay;", 'proxy_set_header Authorization "";'):
-        assert setting in conf, setting
-    assert "$http_authorization" not in conf.split("log_format", 1)[1].split(";", 1)[0], "the key in the access log"
+                    "client_max_body_size 64m;", "burst=60 nodelay;", 'proxy_set_header Authorization "";'):
+        assert setting in tls, setting
+    assert "rate=600r/m;" in conf
+    # the door on the clients' loopback port: everything passes on to vLLM, no key asked, none removed
+    assert "listen 127.0.0.1:8000;" in door and "ssl" not in door and "endpoint_client" not in door
+    assert re.findall(r"location (?:= )?(\S+) \{", door) == ["/health", "/metrics", "/", "@unreachable", "@too_slow"]
+    for fmt in conf.split("log_format")[1:]:
+        assert "$http_authorization" not in fmt.split(";", 1)[0], "the key in the access log"
     for key in _keys(str(lab / "clients")):
         assert key not in conf
 

@@ -63,7 +63,8 @@ from tests.unit.profiles import profile
 cfg = NodeConfig.model_validate(profile("rtx_pro_6000_pair"))
 before = (release_held(), as_served(cfg).api_port)
 hold("why it is held", {"release": "5d1c", "api_port": 8101, "api_bind_address": None})
-after = (release_held(), as_served(cfg).api_port, as_served(cfg).api_bind_address == cfg.api_bind_address)
+after = (release_held(), as_served(cfg).api_port, as_served(cfg).api_bind_address == cfg.api_bind_address,
+         as_served(cfg).engine_port, as_served(cfg).has_door)
 hold(None)
 host.log(f"HELD {before} {after} {(release_held(), as_served(cfg).api_port)}")
 """
@@ -85,4 +86,6 @@ def test_a_held_release_is_kept_for_the_host_and_points_the_endpoint_at_the_serv
 
     port = NodeConfig.model_validate(profile("rtx_pro_6000_pair")).api_port
     assert port != 8101
-    assert f"HELD (None, {port}) ('why it is held', 8101, True) (None, {port})" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    # (a record from before the door: that release's vLLM is on the clients' port itself, with no door before it)
+    assert f"HELD (None, {port}) ('why it is held', 8101, True, 8101, False) (None, {port})" in proc.stdout + proc.stderr, \
+        proc.stderr[-2000:]

@@ -11,6 +11,8 @@ from deploys.service.unit import allowed_container_keys, keys_outside_allow_list
 import tempfile
 
 from deploys.inventory import inventory_configs, load_inventory
+from deploys.endpoint import render_conf
+from deploys.serving_gate import engine_url
 from tests.unit.profiles import lab_filled_in
 from files.inference_service.roce_gid import find_gid
 
@@ -73,6 +75,10 @@ def test_golden_deployment_a():
                 "MAX_NUM_BATCHED_TOKENS": "8192", "MAX_NUM_SEQS": "2", "MODE": "dspark",
                 "MODEL_PATH": "/models/snapshots/7872f01b1d1fe23eabc4c98b48bffcef5a386062", "PORT": "8000",
                 "SERVED_MODEL_NAME": "grandpa", "TP_SIZE": "2"}
+    # the write-up's clients reach port 8000 on loopback: now the head's door, with vLLM itself behind it on its own
+    assert env["PORT"] == "18000" and LAB["rtx-pro-a.lab.example"].engine_port == 18000
+    assert "listen 127.0.0.1:8000;" in render_conf(LAB["rtx-pro-a.lab.example"])
+    write_up["PORT"] = "18000"
     assert {k: env.get(k) for k in write_up} == write_up
     service = dict(c["Service"])
     for key, value in {"TimeoutStartSec": "3600", "TimeoutStopSec": "120", "Restart": "always",
@@ -97,7 +103,7 @@ def test_two_node_units_carry_the_whole_launch_contract():
               "--nnodes", "2"]
     assert argv(head)[:len(common)] == common and argv(worker)[:len(common)] == common
     assert argv(head)[len(common):len(common) + 10] == ["--node-rank", "0", "--master-addr", "198.51.100.20",
-                                                        "--master-port", "29500", "--host", "127.0.0.1", "--port", "8000"]
+                                                        "--master-port", "29500", "--host", "127.0.0.1", "--port", "18000"]
     assert argv(worker)[len(common):len(common) + 7] == ["--node-rank", "1", "--master-addr", "198.51.100.20",
                                                          "--master-port", "29500", "--headless"]
     assert "--host" not in argv(worker) and "--port" not in argv(worker), "workers serve no API"
@@ -496,13 +502,20 @@ def test_a_rollback_is_gated_where_the_restored_release_listens_and_by_its_name(
 
     cfg = LAB["rtx-pro-a.lab.example"]
     good = release_of(cfg, "f" * 64)
-    assert (good["api_bind_address"], good["api_port"], good["served_model_name"]) == ("127.0.0.1", 8000, "grandpa")
-    failed = cfg.model_copy(update={"api_port": 8104, "served_model_name": "renamed"})
+    assert (good["api_bind_address"], good["api_port"], good["engine_port"], good["served_model_name"]) == (
+        "127.0.0.1", 8000, 18000, "grandpa")
+    failed = cfg.model_copy(update={"api_port": 8104, "engine_port": 18104, "served_model_name": "renamed"})
     back, model = as_released(failed, "renamed", good)
-    assert (back.api_bind_address, back.api_port, model) == ("127.0.0.1", 8000, "grandpa")
-    old = {k: v for k, v in good.items() if k not in ("api_bind_address", "api_port", "served_model_name")}
+    assert (back.api_bind_address, back.api_port, back.engine_port, model) == ("127.0.0.1", 8000, 18000, "grandpa")
+    assert back.has_door
+    old = {k: v for k, v in good.items() if k not in ("api_bind_address", "api_port", "engine_port", "served_model_name")}
     back, model = as_released(failed, "renamed", old)
-    assert (back.api_port, model) == (8104, "renamed")
+    assert (back.api_port, back.engine_port, model) == (8104, 18104, "renamed")
+    # a release from before the door: its vLLM listened on the clients' port itself, and is gated and drained there
+    before_door = {k: v for k, v in good.items() if k != "engine_port"}
+    back, _ = as_released(failed, "renamed", before_door)
+    assert (back.api_port, back.engine_port, back.has_door) == (8000, 8000, False)
+    assert engine_url(back) == "http://127.0.0.1:8000" and "listen 127.0.0.1:8000" not in render_conf(back)
 
 
 def test_the_switch_marker_is_json_with_its_bound_from_the_nodes_clock(tmp_path):

@@ -241,7 +241,7 @@ def test_the_generated_prometheus_configuration_passes_promtool(promtool, tmp_pa
     out = subprocess.run([promtool, "check", "config", "prometheus.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     facts = mon_node.render_facts_config("sandbox-b0", configs["sandbox-b0"], watcher)
-    assert '"vllm_metrics_url": "http://127.0.0.1:8102/metrics"' in facts
+    assert '"vllm_metrics_url": "http://127.0.0.1:18102/metrics"' in facts  # vLLM itself, not its door on 8102
     assert '"vllm_metrics_url": null' in mon_node.render_facts_config("sandbox-a", configs["sandbox-a"], watcher)
 
 

@@ -206,7 +206,11 @@ def test_image_env_launch_keeps_its_contract():
     assert "key 'vllm_args'" in str(err.value) and "image_env" in str(err.value)
     with pytest.raises(InventoryValidationError) as err:
         validate_hosts(node_a(api_port=8101, service_env={**PROFILE_A["service_env"], "PORT": "8000"}))
-    assert "PORT equal to api_port (8101)" in str(err.value)
+    assert "PORT equal to engine_port (18101)" in str(err.value)  # vLLM's own port, behind the door on api_port
+    with pytest.raises(InventoryValidationError) as err:
+        validate_hosts(node_a(api_port=8101, engine_port=8101))
+    assert "key 'engine_port' = 8101: expected a port other than api_port" in str(err.value)
+    assert validate_hosts(node_a(api_port=60000))["node-a"].engine_port == 50000  # (+10000 would pass 65535)
     with pytest.raises(InventoryValidationError) as err:
         validate_hosts(node_a(served_model_name="other", service_env={**PROFILE_A["service_env"], "SERVED_MODEL_NAME": "grandpa"}))
     assert "SERVED_MODEL_NAME equal to served_model_name (other)" in str(err.value)

@@ -398,7 +398,7 @@ def test_wait_serving_shows_the_stage_and_returns_once_the_head_answers(monkeypa
     ok, why, last = serving_gate.wait_serving(run, a, True, 600, told.append)
     assert ok and why.startswith("grandpa.service answers /health after") and len(seen) == 4
     assert any("loading weights" in t for t in told) and any("capturing graphs" in t for t in told), told
-    assert f"http://127.0.0.1:{a.api_port}/health" in seen[0]
+    assert f"http://127.0.0.1:{a.engine_port}/health" in seen[0]  # vLLM itself, never its door
 
 
 @pytest.mark.parametrize("reads, says", [
@@ -451,10 +451,10 @@ def test_the_readiness_read_asks_the_real_api(server):
     from deploys.serving_gate import parse_readiness, readiness_command
 
     mode, url = server
-    cfg = _cfg(api_port=int(url.rsplit(":", 1)[1]))
+    cfg = _cfg(engine_port=int(url.rsplit(":", 1)[1]))
     out = subprocess.run(["sh", "-c", readiness_command(cfg, True)], capture_output=True, text=True, timeout=60).stdout
     assert parse_readiness(out)["health"] == 200
-    cfg = _cfg(api_port=_free_port())
+    cfg = _cfg(engine_port=_free_port())
     out = subprocess.run(["sh", "-c", readiness_command(cfg, True)], capture_output=True, text=True, timeout=60).stdout
     assert parse_readiness(out)["health"] == 0
 

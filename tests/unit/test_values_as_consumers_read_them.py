@@ -296,8 +296,12 @@ def test_two_nodes_naming_one_exporter_address_are_refused():
 COLLISIONS = [
     ("exporter on the head's torch port", pair_b({"monitoring_enabled": True, "node_exporter_port": 29500}, {}),
      ("node-b0", "node_exporter_port"), "collides with the head's torch rendezvous (it binds every address) (vllm_master_port)"),
-    ("exporter on vLLM's API port", node_a(monitoring_enabled=True, node_exporter_port=8000),
-     ("node-a", "node_exporter_port"), "collides with vLLM's API (api_port) on 127.0.0.1:8000"),
+    ("exporter on the API's door", node_a(monitoring_enabled=True, node_exporter_port=8000),
+     ("node-a", "node_exporter_port"), "collides with the API's door (api_port) on 127.0.0.1:8000"),
+    ("exporter on vLLM's own port", node_a(monitoring_enabled=True, node_exporter_port=18000),
+     ("node-a", "node_exporter_port"), "collides with vLLM's API (engine_port) on 127.0.0.1:18000"),
+    ("vLLM's own port on the torch rendezvous", pair_b({"engine_port": 29500}, {}),
+     ("node-b0", "vllm_master_port"), "collides with vLLM's API (engine_port) on 127.0.0.1:29500"),
     ("endpoint on sshd's port", node_a(endpoint_port=22), ("node-a", "endpoint_port"), "collides with sshd (ssh_port)"),
     ("endpoint on a non-default sshd port", node_a(ssh_port=2222, endpoint_port=2222), ("node-a", "endpoint_port"),
      "sshd (ssh_port) on every address:2222"),
@@ -306,7 +310,7 @@ COLLISIONS = [
      ("node-a", "node_exporter_port"), "collides with"),
     ("the fan-out's daemon on vLLM's port", node_a(model_sync_mode="push", model_peer_port=8000,
                                                    model_peer_address="127.0.0.1"),
-     ("node-a", "model_peer_port"), "collides with vLLM's API"),
+     ("node-a", "model_peer_port"), "collides with the API's door"),
     ("the worker's API is no listener, its sshd is", pair_b({}, {"model_sync_mode": "push", "model_peer_port": 22}),
      ("node-b1", "model_peer_port"), "collides with sshd"),
 ]
@@ -321,7 +325,7 @@ def test_two_listeners_of_one_host_on_one_port_are_refused_before_any_connection
 
 def test_prometheus_and_alertmanager_join_the_monitoring_hosts_table(tmp_path):
     a = node_a()["node-a"]
-    for key, port, clash in (("prometheus_port", 8000, "vLLM's API"), ("alertmanager_port", 22, "sshd"),
+    for key, port, clash in (("prometheus_port", 8000, "the API's door"), ("alertmanager_port", 22, "sshd"),
                              ("alertmanager_port", 9090, "Prometheus")):
         inventory = _inventory(tmp_path, f"""
             one = [("n1", {{**{a!r}, {key!r}: {port}}})]
@@ -656,8 +660,8 @@ def test_a_key_holds_at_most_its_concurrency_and_an_address_without_a_key_is_lim
     (tmp_path / "vllm.py").write_text(SLOW_VLLM)
     base = f"https://{cfg.endpoint_address}:{cfg.endpoint_port}"
     code = f"curl -s -o /dev/null -w '%{{http_code}}\\n' --cacert {cfg.endpoint_tls_ca} -X POST -d {{}}"
-    script = (f'python3 {tmp_path / "vllm.py"} {cfg.api_port} & v=$!; "$1" -p "$2" -e stderr -c "$2/nginx.conf" & '
-              f'pid=$!; for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:{cfg.api_port}/ && '
+    script = (f'python3 {tmp_path / "vllm.py"} {cfg.engine_port} & v=$!; "$1" -p "$2" -e stderr -c "$2/nginx.conf" & '
+              f'pid=$!; for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:{cfg.engine_port}/ && '
               f'curl -s -o /dev/null --cacert {cfg.endpoint_tls_ca} {base}/ && break; sleep 0.1; done; echo "==key"; for i in 1 2 3 4; do {code} -H @{tmp_path / "auth"} '
               f'{base}/v1/completions > {tmp_path}/k$i & done; wait %3 %4 %5 %6 2>/dev/null; sleep 4; cat {tmp_path}/k*; '
               f'echo "==anonymous"; for i in $(seq 14); do {code} {base}/v1/completions; done; '
