@@ -363,7 +363,8 @@ def endpoint_removed():
 def tls_endpoint_files_removed():
     """An endpoint turned off on a head: its certificate, key and client keys leave the node (the door stays on the
     clients' loopback port; the reload that follows stops the TLS listener)."""
-    present = [p for p, info in read(host, ManagedFiles, paths=TLS_FILES).items() if info is not None]
+    on_node = read(host, ManagedFiles, paths=(*FILES, UNIT_PATH))  # (the read the endpoint expects: no extra command)
+    present = [p for p in TLS_FILES if on_node.get(p) is not None]
     if present:
         yield StringCommand("rm", "-f", *present)
     else:

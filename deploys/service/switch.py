@@ -210,6 +210,10 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
     if todo.tell_head:
         failed_switch[host.name] = why  # its head stops waiting for it and rolls back the cluster
         return host_failed(host, failure)
+    # a worker that failed its own switch (or an earlier step) is reached too: the cluster is remembered, stopped or
+    # rolled back as one, that worker included
+    members += [_Member(h) for h in in_run if h.name in failed_switch or h in state.failed_hosts
+                if h.name not in {m.host.name for m in members}]
     if todo.failed_verdict:  # a passing rollback writes its own
         write_verdict(False, release)
     if todo.record_failed:  # remembered on every member: the next converge does not switch to it again
@@ -222,9 +226,6 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
                            + (" stopped " if stopped else " could not be stopped ") + todo.said)
     if todo.act != "rollback":
         return host_failed(host, f"{failure}\n{host.name}: {todo.said}")
-    # a worker that failed its own switch is reached too: the cluster rolls back as one
-    members += [_Member(h) for h in in_run if h.name in failed_switch or h in state.failed_hosts
-                if h.name not in {m.host.name for m in members}]
     good, what = _rollback(me, members, good, release, progress)
     if good is None:
         return host_failed(host, f"{failure}\n{host.name}: {what} ({service} left as it is){todo.said}")

@@ -148,7 +148,7 @@ def test_nothing_on_the_node_listens_beyond_loopback_but_ssh_the_endpoint_the_ex
     """Beyond loopback (and the endpoint's own address, which stands for the LAN even where it is a loopback one):
     sshd, the endpoint on its address and port, node-exporter on `node_exporter_address` and its port, and the
     engine's ranks reaching each other (torch's rendezvous store binds every address and has no option not to;
-    vLLM's API itself must be on loopback: its port is never one of those)."""
+    vLLM's API itself must be on loopback: its port and the door's are never one of those)."""
     endpoint = (node.cfg.endpoint_address, node.cfg.endpoint_port) if node.cfg.endpoint_enabled else None
     exporter = ((node.cfg.node_exporter_address, node.cfg.node_exporter_port)
                 if node.cfg.monitoring_enabled and node.cfg.node_exporter_address else None)
@@ -164,7 +164,7 @@ def test_nothing_on_the_node_listens_beyond_loopback_but_ssh_the_endpoint_the_ex
         ip = ipaddress.ip_address(address)
         if not ip.is_unspecified and ip.is_loopback and not (endpoint and address == endpoint[0]):
             continue
-        if service in cgroup and port != node.cfg.engine_port:
+        if service in cgroup and port not in (node.cfg.engine_port, node.cfg.api_port):
             continue
         wrong.append(f"{process} on {address}:{port}")
     assert not wrong, f"{node.name}: listening beyond loopback where the inventory says nothing: {', '.join(wrong)}"

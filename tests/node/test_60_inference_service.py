@@ -10,6 +10,7 @@ by the next converge) or by a forced full re-hash under the running service, and
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -607,7 +608,7 @@ def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbo
     assert client.seen["closed"] > 0 and client.seen["good"] > 0, client.seen
     assert client.seen["other"] == 0, client.other[:5]
     assert client.stream_tokens == STREAM_TOKENS, "the stream in flight at the switch did not complete"
-    assert "sandbox-b0: closed the door to new requests" in proc.stderr, proc.stderr[-3000:]
+    assert "[sandbox-b0] closed the door to new requests" in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "sandbox-b0: inference.service answers /health but failed the serving gate: " in proc.stderr, proc.stderr[-3000:]
     assert ("sandbox-b0: rolled back: inference.service serves the last good release " in proc.stderr
@@ -624,6 +625,38 @@ def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbo
     # where the head's vLLM exited as its worker restarted and systemd restarted it, that was planned work, marked
     # before the workers went: InferenceServiceRestarting does not count it (issue 53; the heal drill below makes one)
     assert unplanned_restarts("sandbox-b0") == crashes, "the switch's restarts counted as crashes"
+    assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", "gb10_dspark")) == []
+
+
+@pytest.mark.lifecycle
+@pytest.mark.pair
+def test_a_worker_whose_start_fails_in_its_switch_rolls_the_whole_cluster_back(sandbox):
+    """A new launch of the pair (here: another TimeoutStartSec) that the worker cannot start, as a real worker cannot
+    when its CDI device or its RoCE lookup fails after a driver update: a drop-in on sandbox-b1 only, failing its
+    ExecStartPre for the new unit alone. The worker fails in its own switch; its head stops waiting for the job, the
+    release is remembered as failed once on both members, both go back to the last good release (the worker first)
+    and the head passes the gate again and serves through its door."""
+    dropin = "/etc/systemd/system/inference.service.d/zz-drill-start-fails.conf"
+    generated = "/run/systemd/generator/inference.service"
+    on_node("sandbox-b1", f"mkdir -p {os.path.dirname(dropin)} && printf '%s\\n' '[Service]' "
+                          f"\"ExecStartPre=/bin/sh -c '! grep -q ^TimeoutStartSec=3599 {generated}'\" > {dropin} "
+                          "&& systemctl daemon-reload")
+    try:
+        proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", "gb10_dspark", "--data", "service_timeout_start_sec=3599",
+                       check=False)
+    finally:
+        on_node("sandbox-b1", f"rm -f {dropin} && systemctl daemon-reload")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "worker sandbox-b1 failed its switch in this run" in proc.stderr, proc.stderr[-4000:]
+    assert ("sandbox-b0: rolled back: inference.service serves the last good release " in proc.stderr
+            and "again on sandbox-b0 and sandbox-b1 (it passed the serving gate)" in proc.stderr), proc.stderr[-4000:]
+    records = {n: json.loads(on_node(n, "cat /var/lib/inference-nodes/inference.failed-release.json").stdout)
+               for n in ("sandbox-b0", "sandbox-b1")}
+    assert records["sandbox-b0"] == records["sandbox-b1"] and records["sandbox-b0"]["release"], records
+    for n in ("sandbox-b0", "sandbox-b1"):
+        unit = on_node(n, f"grep ^TimeoutStartSec= {generated}").stdout.strip()
+        assert unit != "TimeoutStartSec=3599", f"{n} still runs the failed launch"
+    assert models("sandbox-b0") == ["deepseek-v4-flash-0731"]  # through its door
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", "gb10_dspark")) == []
 
 

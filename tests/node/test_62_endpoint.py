@@ -65,7 +65,9 @@ def test_the_serving_gate_passes_through_the_endpoint_with_tls_verified(sandbox)
     assert audit.returncode == 0, audit.stdout[-4000:]
     assert f"PASSED tests/audit/test_endpoint.py::test_serving_gate_through_the_endpoint[{HEAD}]" in audit.stdout
     assert "SKIPPED" in audit.stdout and "endpoint_enabled is off" in audit.stdout  # sandbox-b0: no endpoint
-    assert on_node("sandbox-b0", f"systemctl is-active {UNIT}.service").stdout.strip() != "active"
+    assert on_node("sandbox-b0", f"systemctl is-active {UNIT}.service").stdout.strip() == "active"  # its door
+    door = {line.split()[3] for line in on_node("sandbox-b0", "ss -Hltnp").stdout.splitlines() if '"nginx"' in line}
+    assert door == {"127.0.0.1:8102"}, door  # the loopback door alone: no TLS listener without an endpoint
     assert on_node(HEAD, "systemctl is-enabled nginx.service").stdout.strip() == "masked"
     # no certificate check: refused (the CA is the lab's own; clients verify against it)
     try:
@@ -162,19 +164,19 @@ def test_the_audit_fails_when_the_endpoint_is_down_something_else_listens_or_a_k
         assert down.returncode != 0 and f"FAILED tests/audit/test_endpoint.py::test_the_endpoint_serves_a_client_key_over_verified_tls[{HEAD}]" in down.stdout, down.stdout[-3000:]
     finally:
         on_node(HEAD, f"systemctl start {UNIT}.service")
-    try:  # vLLM's API port answered beyond loopback (a listener in the service's container, on the address that
+    try:  # vLLM's own port answered beyond loopback (a listener in the service's container, on the address that
         # stands for the LAN), and something else listening there
-        on_node(HEAD, "podman exec -d grandpa python3 -m http.server -b 127.0.0.2 8101")
+        on_node(HEAD, "podman exec -d grandpa python3 -m http.server -b 127.0.0.2 18101")
         on_node(HEAD, "systemd-run --unit=inference-nodes-test-stray python3 -m http.server -b 127.0.0.2 9998")
         time.sleep(3)
         stray = _audit("-k", "beyond_loopback")
         assert stray.returncode != 0, stray.stdout[-3000:]
-        assert "on 127.0.0.2:8101" in stray.stdout and "python3 on 127.0.0.2:9998" in stray.stdout, stray.stdout[-3000:]
+        assert "on 127.0.0.2:18101" in stray.stdout and "python3 on 127.0.0.2:9998" in stray.stdout, stray.stdout[-3000:]
         api = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "tests/audit/test_inference_service.py",
                               "--inventory", INVENTORY, "-k", "api_listens"], capture_output=True, text=True, timeout=300)
         assert f"FAILED tests/audit/test_inference_service.py::test_api_listens_where_the_inventory_says_and_nowhere_else[{HEAD}]" in api.stdout, api.stdout[-3000:]
     finally:
-        on_node(HEAD, "pkill -f 'http.server -b 127.0.0.2 8101'")  # from the node: the image may have no pkill
+        on_node(HEAD, "pkill -f 'http.server -b 127.0.0.2 18101'")  # from the node: the image may have no pkill
         on_node(HEAD, "systemctl stop inference-nodes-test-stray.service")
     try:
         on_node(HEAD, f"systemd-run --unit=inference-nodes-test-leak sh -c 'sleep 600' leak {key}")
@@ -189,15 +191,21 @@ def test_the_audit_fails_when_the_endpoint_is_down_something_else_listens_or_a_k
     assert again.returncode == 0, again.stdout[-3000:]
 
 
-def test_an_endpoint_turned_off_leaves_nothing_listening(sandbox, tmp_path):
+def test_an_endpoint_turned_off_leaves_only_the_loopback_door(sandbox, tmp_path):
+    """Off, the TLS listener and every key leave the head; its door on the clients' loopback port stays (every head
+    has one) and passes the API on, and the service is not restarted for it."""
     from tests.node.conftest import inventory_copy
 
     off = inventory_copy(tmp_path, ('**_endpoint("127.0.0.2", 8441)', 'endpoint_enabled=False'))
+    pid = on_node(HEAD, "systemctl show -p MainPID --value grandpa.service").stdout
     try:
         pyinfra(off, "deploys/all.py", "--limit", HEAD)
-        assert on_node(HEAD, f"systemctl is-active {UNIT}.service").stdout.strip() != "active"
+        assert on_node(HEAD, f"systemctl is-active {UNIT}.service").stdout.strip() == "active"
         assert on_node(HEAD, "ss -Hltn 'sport = :8441'").stdout.strip() == ""
-        assert on_node(HEAD, "ls /etc/inference-nodes/endpoint 2>/dev/null").stdout.strip() == ""
+        assert on_node(HEAD, "ls /etc/inference-nodes/endpoint 2>/dev/null").stdout.split() == ["nginx.conf"]
+        door = on_node(HEAD, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8101/v1/models").stdout
+        assert door == "200", door
+        assert on_node(HEAD, "systemctl show -p MainPID --value grandpa.service").stdout == pid
     finally:
         pyinfra(INVENTORY, "deploys/all.py", "--limit", HEAD)
     cfg = _cfg()

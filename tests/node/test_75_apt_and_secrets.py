@@ -86,8 +86,13 @@ def test_converge_waits_for_a_held_dpkg_lock_and_completes(converged):
 
 
 def test_a_lock_held_past_apt_lock_timeout_s_fails_the_host_naming_the_lock(converged):
+    """The worker (sandbox-b1) gives up on a held lock after apt_lock_timeout_s and fails naming it. Then, the lock
+    still held, its head restarts its unchanged release in the same run (its service was stopped): a worker that
+    failed an earlier step kept its service as it was, so the head does not count it: its restart passes the gate,
+    nothing is remembered as failed, and the next converge runs as usual (issue 51 N1)."""
+    head, failed = "sandbox-b0", "/var/lib/inference-nodes/inference.failed-release.json"
     _ok("touch -d '2 days ago' /var/lib/apt/periodic/update-success-stamp")  # an apt-get update is due
-    _hold_locks(60)
+    _hold_locks(300)
     try:
         t0 = time.monotonic()
         proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", NODE, "--data", "apt_lock_timeout_s=4", check=False)
@@ -98,6 +103,18 @@ def test_a_lock_held_past_apt_lock_timeout_s_fails_the_host_naming_the_lock(conv
         assert "Could not get lock /var/lib/" in out
         assert took < 50, f"the run took {took:.0f} s: it did not give up after apt_lock_timeout_s"
         assert 'DPkg::Lock::Timeout "4";' in _ok("cat /etc/apt/apt.conf.d/50inference-nodes-lock-timeout")
+        remembered = {n: on_node(n, f"cat {failed} 2>/dev/null").stdout for n in (head, NODE)}
+        assert on_node(head, "systemctl stop inference.service").returncode == 0
+        pair = pyinfra(INVENTORY, "deploys/all.py", "--limit", "gb10_dspark", "--data", "apt_lock_timeout_s=4",
+                       check=False)
+        assert pair.returncode != 0 and "gave up after 4s waiting for the apt/dpkg lock" in pair.stderr
+        assert on_node(NODE, "test -e /run/apt-locks-released").returncode == 1, "the lock went before the run ended"
+        assert f"[{head}] passed the serving gate (" in pair.stderr, pair.stderr[-4000:]
+        assert "failed its switch" not in pair.stderr and "rolled back" not in pair.stderr, pair.stderr[-4000:]
+        after = {n: on_node(n, f"cat {failed} 2>/dev/null").stdout for n in (head, NODE)}
+        # (a release that passes forgets the head's old record: gone, or as it was, never a new one)
+        assert all(after[n] in ("", remembered[n]) for n in after), \
+            f"a worker's failure before its switch was remembered as a failed release: {after}"
     finally:
         on_node(NODE, "systemctl stop test-hold-apt-locks 2>/dev/null")
     pyinfra(INVENTORY, "deploys/all.py", "--limit", NODE)  # the default again, and the update it missed
