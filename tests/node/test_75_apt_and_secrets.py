@@ -85,6 +85,8 @@ def test_converge_waits_for_a_held_dpkg_lock_and_completes(converged):
     assert _apt_changes(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", NODE)) == []
 
 
+@pytest.mark.lifecycle
+@pytest.mark.pair
 def test_a_lock_held_past_apt_lock_timeout_s_fails_the_host_naming_the_lock(converged):
     """The worker (sandbox-b1) gives up on a held lock after apt_lock_timeout_s and fails naming it. Then, the lock
     still held, its head restarts its unchanged release in the same run (its service was stopped): a worker that
