@@ -315,7 +315,7 @@ class ContainerKeys(ComponentKeys):
                 self.container_shm_size,
                 "unset while container_ipc_host is true (Podman refuses --ipc=host with a shm size)",
             )
-        if self.engine_port == self.api_port:
+        if not self.has_door:
             raise KeyRuleError("engine_port", self.engine_port,
                                "a port other than api_port (the head's door listens there, in front of vLLM)")
         if not ipaddress.ip_address(self.api_bind_address).is_loopback and not (self.api_protected_by or "").strip():

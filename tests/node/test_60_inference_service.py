@@ -53,6 +53,16 @@ def wait_ready(node: str, timeout: float = READY_S) -> float:
         raise AssertionError(f"{node}: {e}:\n{journal}") from None
 
 
+def rode_through(client: EndpointClient, who: str) -> None:
+    """What a client saw through a failed switch and its rollback: good answers, then the closed door's JSON 503s,
+    then good answers again; never a wrong one nor anything else, and its stream in flight finished."""
+    print(f"\n[drill] {who} through the failed switch and its rollback: {client.summary()}")
+    assert client.seen["wrong"] == 0, client.seen
+    assert client.seen["closed"] > 0 and client.seen["good"] > 0, client.seen
+    assert client.seen["other"] == 0, client.other[:5]
+    assert client.stream_tokens == STREAM_TOKENS, "the stream in flight at the switch did not complete"
+
+
 def models(node: str) -> list[str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{PORTS[node]}/v1/models", timeout=10) as r:
         return [m["id"] for m in json.load(r)["data"]]
@@ -520,11 +530,7 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     with EndpointClient(node) as client:  # a LAN client through the switch: never a wrong answer
         converge = pyinfra(moved, "deploys/all.py", *broken, check=False)
         time.sleep(3)
-    print(f"\n[drill] a client of the endpoint through the failed switch and its rollback: {client.summary()}")
-    assert client.seen["wrong"] == 0, client.seen
-    assert client.seen["closed"] > 0 and client.seen["good"] > 0, client.seen
-    assert client.seen["other"] == 0, client.other[:5]
-    assert client.stream_tokens == STREAM_TOKENS, "the stream in flight at the switch did not complete"
+    rode_through(client, "a client of the endpoint")
     assert "closed the door to new requests" in converge.stderr, converge.stderr[-3000:]
     assert converge.returncode == 1, converge.stderr[-3000:]
     assert "which failed too" not in converge.stderr, converge.stderr[-3000:]
@@ -603,11 +609,7 @@ def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbo
         proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", "gb10_dspark", "--data",
                        f"model_revision={BROKEN_COMMIT}", "--data", f"model_manifest={manifest}", check=False)
         time.sleep(3)
-    print(f"\n[drill] a client on the pair head's door through the failed switch and its rollback: {client.summary()}")
-    assert client.seen["wrong"] == 0, client.seen
-    assert client.seen["closed"] > 0 and client.seen["good"] > 0, client.seen
-    assert client.seen["other"] == 0, client.other[:5]
-    assert client.stream_tokens == STREAM_TOKENS, "the stream in flight at the switch did not complete"
+    rode_through(client, "a client on the pair head's door")
     assert "[sandbox-b0] closed the door to new requests" in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "sandbox-b0: inference.service answers /health but failed the serving gate: " in proc.stderr, proc.stderr[-3000:]
