@@ -85,7 +85,11 @@ def render_maps(cfg: NodeConfig, clients: dict[str, str]) -> tuple[str, str]:
 
 
 UPSTREAM_IDLE_S = 4  # how long nginx keeps an idle connection to vLLM (uvicorn closes its own after 5 s)
-RETRY_AFTER_S = 30  # what a client is told to wait while the door is closed (and after a rate or upstream refusal)
+RETRY_AFTER_S = 30  # what a client is told to wait after a rate or upstream refusal, and at a closed door that cannot
+# tell how long its switch may still take (no earlier switch timed, or this one ran past it)
+# What a closed door may tell instead, rounded up to one of these: at most 60 s (the door tells again then; the OpenAI
+# clients ignore a longer Retry-After and fall back to their own 0.5-8 s backoff), at least 5 s
+RETRY_AFTER_STEPS = (5, 10, 15, 20, 30, 45, 60)
 
 
 def error_body(status: int, kind: str, message: str) -> str:
@@ -122,6 +126,16 @@ def closed_flag_path(cfg: NodeConfig) -> str:
     return f"{CLOSED_DIR}/{cfg.container_name}.closed"
 
 
+def retry_hint_path(cfg: NodeConfig, seconds: int) -> str:
+    """While the door is closed, the file among these that exists says what its `Retry-After` tells (none: 30 s): how
+    long the switch may still take, kept by the converge while it waits (deploys/service/door.py ``retry_after_s``)."""
+    return f"{CLOSED_DIR}/{cfg.container_name}.retry-after-{seconds}"
+
+
+def retry_hint_paths(cfg: NodeConfig) -> tuple[str, ...]:
+    return tuple(retry_hint_path(cfg, s) for s in RETRY_AFTER_STEPS)
+
+
 ANONYMOUS = "/__inference_nodes_anonymous"  # the internal location every request without a valid key goes through
 
 
@@ -147,9 +161,25 @@ def _proxy(cfg: NodeConfig) -> str:
 """
 
 
+CLOSED = "/__inference_nodes_closed"  # the internal location every API request goes to while the door is closed
+
+
 def _closed(cfg: NodeConfig) -> str:
-    return (f"if (-f {closed_flag_path(cfg)}) {{ add_header Retry-After {RETRY_AFTER_S} always; "
-            f"return 503 '{CLOSED_BODY}'; }}")
+    return f"if (-f {closed_flag_path(cfg)}) {{ rewrite ^ {CLOSED} last; }}"
+
+
+def _closed_location(cfg: NodeConfig) -> str:
+    """The closed door's answer: the JSON 503, with the `Retry-After` its hint file says (checked only while the door
+    is closed)."""
+    hints = "".join(f"            if (-f {retry_hint_path(cfg, s)}) {{ set $door_retry_after {s}; }}\n"
+                    for s in RETRY_AFTER_STEPS if s != RETRY_AFTER_S)
+    return f"""        location = {CLOSED} {{
+            internal;
+            set $door_retry_after {RETRY_AFTER_S};
+{hints}            add_header Retry-After $door_retry_after always;
+            return 503 '{CLOSED_BODY}';
+        }}
+"""
 
 
 def render_loopback_door(cfg: NodeConfig) -> str:
@@ -170,7 +200,7 @@ def render_loopback_door(cfg: NodeConfig) -> str:
             {_closed(cfg)}
             proxy_pass http://vllm;
         }}
-
+{_closed_location(cfg)}
         error_page 502 @unreachable;
         error_page 504 @too_slow;
         location @unreachable {{ add_header Retry-After {RETRY_AFTER_S} always; {refusal(502)} }}
@@ -220,7 +250,7 @@ def render_tls_endpoint(cfg: NodeConfig) -> str:
         location / {{
             {refusal(404)}
         }}
-
+{_closed_location(cfg)}
         # a request without a valid key: counted per address (a `return` would answer before any limit applies), then
         # 401 from the try-files phase, which comes after the limits
         location = {ANONYMOUS} {{

@@ -210,10 +210,11 @@ def readiness_verdict(now: dict, first: dict, head: bool) -> tuple[str, str]:
 
 def wait_serving(run: Callable[[str], str], cfg: NodeConfig, head: bool, timeout: float,
                  progress: Callable[[str], None] | None = None, interval: float = 2.0,
-                 every: float = 30.0, abort: Callable[[], str | None] | None = None) -> tuple[bool, str, dict]:
+                 every: float = 30.0, abort: Callable[[], str | None] | None = None,
+                 tick: Callable[[], None] | None = None) -> tuple[bool, str, dict]:
     """Wait until the service of ``cfg`` is ready (``readiness_verdict``), at most ``timeout`` seconds.
     ``run(command) -> stdout`` runs a command on the node; ``progress(line)`` hears the elapsed time and the
-    service's stage when it changes and every ``every`` seconds. Returns (ready, why, the last read); a failure's
+    service's stage when it changes and every ``every`` seconds; ``tick()`` is called at each read. Returns (ready, why, the last read); a failure's
     ``why`` ends with the last journal lines."""
     t0 = time.monotonic()
     first = None
@@ -228,6 +229,8 @@ def wait_serving(run: Callable[[str], str], cfg: NodeConfig, head: bool, timeout
             return True, f"{service} {'answers /health' if head else 'runs'} after {elapsed:.0f} s", now
         if verdict == "failed":
             return False, f"{service}: {why}{journal_told(now['journal'])}", now
+        if tick:
+            tick()
         if abort and (why_not := abort()):
             return False, f"{service}: {why_not}{journal_told(now['journal'])}", now
         if elapsed >= timeout:

@@ -18,7 +18,7 @@ from deploys.ops import (cluster_all_here, follow_up_record_command, follow_up_s
                          sudo_args)
 from deploys.run.reads import operation, read, run_on
 from deploys.run.state import kept
-from deploys.service.door import drain, switch_marker_command
+from deploys.service.door import door_close_command, drain, switch_marker_command
 from deploys.service.release import as_released, gate_record_path
 from deploys.service.unit import QUADLET_STAMP, staged_install_command
 from facts.containers import GatePassed, ServiceStartedFrom
@@ -194,8 +194,9 @@ def door_closed_for_the_switch(service: str, started_from: str, fingerprint: str
         return
     cfg = node_config()
     # (its switch marker was written just before: switch_marked)
+    passed = read(host, GatePassed, record=gate_record_path(cfg), service=service)["release"] or {}
     yield StringCommand("install", "-d", "-m", "0755", posixpath.dirname(flag))  # nginx's workers must see the flag
-    yield StringCommand("touch", flag)
+    # its Retry-After: as long as the last switch kept it closed (the converge counts it down while it waits)
+    yield StringCommand("sh", "-c", QuoteString(door_close_command(cfg, passed.get("switch_s"))))
     if running:  # the requests in flight are the running release's: asked where it listens (its gate record says)
-        passed = read(host, GatePassed, record=gate_record_path(cfg), service=service)["release"] or {}
         yield FunctionCommand(drain, (as_released(cfg, "", passed)[0],), {})

@@ -12,14 +12,22 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.facts.systemd import SystemdStatus
 
-from deploys.endpoint import closed_flag_path
+from deploys.endpoint import closed_flag_path, retry_hint_paths
 from deploys.inventory import node_config
 from deploys.model.snapshot import STAMP, UPGRADE_MARKER
 from deploys.ops import host_failed, sudo_args
 from deploys.run.reads import operation, read, run_on
 from deploys.run.state import kept
 from deploys.schema import NodeConfig
-from deploys.service.door import switch_marker_command, switch_marker_path
+from deploys.service.door import (
+    door_closed_at_command,
+    door_open_command,
+    door_tells_command,
+    parse_door_closed,
+    retry_after_s,
+    switch_marker_command,
+    switch_marker_path,
+)
 from deploys.service.outcome import Happened, switch_outcome
 from deploys.service.release import (
     as_released,
@@ -52,12 +60,12 @@ GATE_BOUND_S = 900  # the switch marker's extra time for a serving gate (its che
 
 
 def _serves(host, cfg: NodeConfig, head: bool, model: str, run, progress, sudo: dict,
-            abort=None, renew=None) -> tuple[bool, str, dict]:
+            abort=None, renew=None, tick=None) -> tuple[bool, str, dict]:
     """Wait for the service of ``cfg`` (a head: /health; a worker: running), showing its stage as it goes; on a
     head, then the serving gate. ``abort()``: a reason to stop waiting (a worker failed); ``renew(longer_s)``: the
-    switch marker renewed before the gate, which cannot renew it while it runs. (ok, what happened, the unit's last
-    read)."""
-    ready, why, now = wait_serving(run, cfg, head, cfg.service_ready_timeout_sec, progress, abort=abort)
+    switch marker renewed before the gate, which cannot renew it while it runs; ``tick()``: at each read of the wait.
+    (ok, what happened, the unit's last read)."""
+    ready, why, now = wait_serving(run, cfg, head, cfg.service_ready_timeout_sec, progress, abort=abort, tick=tick)
     if not ready or not head:
         return ready, why, now
     progress(why)
@@ -170,10 +178,26 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
         if time.monotonic() - renewed[0] >= cfg.service_switch_lease_s / 3:  # the wait tells at least every 30 s
             renew()
 
+    # how long the door has been closed (a head's, from its flag: a switch's whole window, its drain included), and
+    # what it tells its clients while the converge waits: how long the switch may still take
+    closed_s, expected = parse_door_closed(me.run(door_closed_at_command(cfg))) if head else (None, None)
+    waited = time.monotonic()
+    told = [retry_after_s(expected, 0)]  # what the door was told when it closed
+
+    def door_closed_s() -> float | None:
+        return None if closed_s is None else closed_s + time.monotonic() - waited
+
+    def tick() -> None:
+        """The closed door's Retry-After, kept to what the switch may still take (written when that changes)."""
+        if (elapsed := door_closed_s()) is not None and (now_s := retry_after_s(expected, elapsed)) != told[0]:
+            if me.ok(door_tells_command(cfg, now_s)):
+                told[0] = now_s
+
     def passed_record(serving: dict, now: dict) -> dict:
         return {**serving, "invocation": now.get("InvocationID"),
                 "passed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "checks": [c["check"] for c in now.get("checks", [])]}
+                "checks": [c["check"] for c in now.get("checks", [])],
+                **({"switch_s": round(s)} if (s := door_closed_s()) is not None else {})}
 
     def write_json(path: str, data: dict) -> bool:
         """``data`` as the JSON file ``path`` on this head, replaced whole."""
@@ -189,7 +213,7 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
                                          "image": of.get("image"), "model_revision": of.get("model_revision")})
 
     ok, why, now = _serves(host, cfg, head, model, me.run, progress, me.sudo, worker_failed if head else None,
-                           renew if head else None)
+                           renew if head else None, tick if head else None)
     good = me.good() if head and not ok else None
     todo = switch_outcome(Happened(head=head, service=service, ok=ok, release=release, policy=cfg.failed_release_policy,
                                    good=good, history=me.history() if head and not ok else (), workers_away=away))
@@ -200,7 +224,7 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
         write_verdict(True, release)
         passed = passed_record(release, now)
         if not (all(m.ok(f"{save_good_command(m.cfg, passed)} && {forget_command(m.cfg)}") for m in [*members, me])
-                and write_record(passed) and me.ok(f"rm -f {closed_flag_path(cfg)}")):
+                and write_record(passed) and me.ok(door_open_command(cfg))):
             return host_failed(host, f"{host.name}: the serving gate passed, but the release could not be kept "
                                      f"({record}, {good_release_dir(cfg)})")
         progress(f"{why}: {release_named(release)}, kept as the last good release"
@@ -236,13 +260,14 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
                                      f"{member.host.name} does not run it: {why_back}{todo.said}")
     cfg_back, model_back = as_released(cfg, model, good)  # gated where the restored release listens, by its name
     renew()
-    back, why_back, now_back = _serves(host, cfg_back, head, model_back, me.run, progress, me.sudo, renew=renew)
+    back, why_back, now_back = _serves(host, cfg_back, head, model_back, me.run, progress, me.sudo, renew=renew,
+                                       tick=tick)
     write_verdict(back, good)
     if not back:
         return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, which failed too: "
                                  f"{why_back}{todo.said}")
     write_record(passed_record({k: v for k, v in good.items() if k in release}, now_back))
-    me.ok(f"rm -f {closed_flag_path(cfg)}")  # the restored release passed: the endpoint opens
+    me.ok(door_open_command(cfg))  # the restored release passed: the door opens
     on = f" on {host.name} and {', '.join(workers)}" if workers else ""
     return host_failed(host, f"{failure}\n{host.name}: rolled back: {service} serves the last good "
                              f"{release_named(good)} again{on} (it passed the serving gate){todo.said}")
@@ -289,5 +314,5 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
 
 def switch_leftovers(cfg: NodeConfig, head: bool) -> tuple[str, ...]:
     """What a switch leaves on a node until it ends (``_wait_and_gate``): the model-upgrade mark, and a head's closed
-    door flag."""
-    return (UPGRADE_MARKER, *((closed_flag_path(cfg),) if head else ()))
+    door flag and what its door tells."""
+    return (UPGRADE_MARKER, *((closed_flag_path(cfg), *retry_hint_paths(cfg)) if head else ()))

@@ -21,6 +21,8 @@ from datetime import datetime
 import pytest
 
 from deploys import serving_gate
+from deploys.endpoint import RETRY_AFTER_S, RETRY_AFTER_STEPS
+from deploys.service.door import retry_after_s
 from tests.node.conftest import INVENTORY, PYINFRA, SANDBOX_DIR, changed_operations, inventory_copy, on_node, pyinfra
 from tests.sandbox.endpoint_client import STREAM_TOKENS, EndpointClient
 from tests.sandbox.standin_hub import BROKEN_COMMIT
@@ -53,14 +55,26 @@ def wait_ready(node: str, timeout: float = READY_S) -> float:
         raise AssertionError(f"{node}: {e}:\n{journal}") from None
 
 
-def rode_through(client: EndpointClient, who: str) -> None:
+def last_switch_s(node: str) -> float | None:
+    """How long the head's last switch kept its door closed, as its gate record says."""
+    return json.loads(on_node(node, f"cat /var/lib/inference-nodes/{CONTAINERS[node]}.gate-passed.json")
+                      .stdout).get("switch_s")
+
+
+def rode_through(client: EndpointClient, who: str, node: str, expected: float | None) -> None:
     """What a client saw through a failed switch and its rollback: good answers, then the closed door's JSON 503s,
-    then good answers again; never a wrong one nor anything else, and its stream in flight finished."""
+    then good answers again; never a wrong one nor anything else, and its stream in flight finished. The door told
+    how long the switch may still take (``expected``: how long the last switch kept it closed), counting down, and
+    the restored release's gate record times this switch for the next one."""
     print(f"\n[drill] {who} through the failed switch and its rollback: {client.summary()}")
     assert client.seen["wrong"] == 0, client.seen
     assert client.seen["closed"] > 0 and client.seen["good"] > 0, client.seen
     assert client.seen["other"] == 0, client.other[:5]
     assert client.stream_tokens == STREAM_TOKENS, "the stream in flight at the switch did not complete"
+    told = client.retry_after
+    assert told[0] == retry_after_s(expected, 0) and set(told) <= set(RETRY_AFTER_STEPS), (expected, client.told())
+    assert all(b <= a or b == RETRY_AFTER_S for a, b in zip(told, told[1:])), client.told()  # counted down
+    assert (last_switch_s(node) or 0) >= client.closed_s / 2, (last_switch_s(node), client.closed_s)
 
 
 def models(node: str) -> list[str]:
@@ -527,10 +541,11 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     journal = on_node(node, f"journalctl -u {DEEP_VERIFY} --no-pager -n 20").stdout
     assert "verify: skipped: a converge is upgrading this node's model" in journal, journal
     assert main_pid(node) == pid and on_node(node, f"cat {RECORD}").stdout == record, "the deep verify judged the live files"
+    expected = last_switch_s(node)
     with EndpointClient(node) as client:  # a LAN client through the switch: never a wrong answer
         converge = pyinfra(moved, "deploys/all.py", *broken, check=False)
         time.sleep(3)
-    rode_through(client, "a client of the endpoint")
+    rode_through(client, "a client of the endpoint", node, expected)
     assert "closed the door to new requests" in converge.stderr, converge.stderr[-3000:]
     assert converge.returncode == 1, converge.stderr[-3000:]
     assert "which failed too" not in converge.stderr, converge.stderr[-3000:]
@@ -605,11 +620,12 @@ def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbo
     since = {n: on_node(n, "date -u '+%Y-%m-%d %H:%M:%S'").stdout.strip() for n in pair}
     crashes = unplanned_restarts("sandbox-b0")
     manifest = f"{SANDBOX_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{BROKEN_COMMIT}.json"
+    expected = last_switch_s("sandbox-b0")
     with EndpointClient("sandbox-b0", door=True) as client:
         proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", "gb10_dspark", "--data",
                        f"model_revision={BROKEN_COMMIT}", "--data", f"model_manifest={manifest}", check=False)
         time.sleep(3)
-    rode_through(client, "a client on the pair head's door")
+    rode_through(client, "a client on the pair head's door", "sandbox-b0", expected)
     assert "[sandbox-b0] closed the door to new requests" in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "sandbox-b0: inference.service answers /health but failed the serving gate: " in proc.stderr, proc.stderr[-3000:]

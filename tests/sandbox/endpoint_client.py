@@ -39,6 +39,7 @@ class EndpointClient:
             self.stream_headers = {"Authorization": f"Bearer {keys['demo-stream']}"}
         self.seen: dict[str, int] = {"good": 0, "wrong": 0, "closed": 0, "other": 0}
         self.closed_s, self.other, self.stream_tokens = 0.0, [], None
+        self.retry_after: list[int] = []  # what each closed-door answer said, in order
         self.first_closed = self.stream_ended = None
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._poll, daemon=True),
@@ -61,6 +62,7 @@ class EndpointClient:
                 elif (r.status_code == 503 and r.headers.get("Retry-After")
                       and r.json()["error"]["type"] == "service_unavailable"):
                     self.seen["closed"] += 1
+                    self.retry_after.append(int(r.headers["Retry-After"]))
                     self.closed_s += max(1.0, time.monotonic() - t0)
                 else:
                     self.seen["other"] += 1
@@ -98,4 +100,15 @@ class EndpointClient:
     def summary(self) -> str:
         return (f"{self.seen['good']} good answers, {self.seen['wrong']} wrong, {self.seen['closed']} JSON 503s "
                 f"({self.closed_s:.0f} s closed), {self.seen['other']} other; a stream of {self.stream_tokens} "
-                f"tokens ({'in flight when the door closed' if self.stream_in_flight_at_close else 'done before'})")
+                f"tokens ({'in flight when the door closed' if self.stream_in_flight_at_close else 'done before'}); "
+                f"Retry-After {self.told()}")
+
+    def told(self) -> str:
+        """What the closed door told, each change once: `60 -> 45 -> 30 (x12)`."""
+        runs: list[list[int]] = []
+        for seconds in self.retry_after:
+            if runs and runs[-1][0] == seconds:
+                runs[-1][1] += 1
+            else:
+                runs.append([seconds, 1])
+        return " -> ".join(f"{s} s" + (f" (x{n})" if n > 1 else "") for s, n in runs) or "none"

@@ -196,7 +196,8 @@ def test_the_config_routes_only_the_allowed_paths_and_carries_no_key(lab):
     door, tls = render_loopback_door(cfg), render_tls_endpoint(cfg)
     assert door in conf and tls in conf
     assert re.findall(r"location = (\S+)", tls) == ["/v1/chat/completions", "/v1/models", "/tokenize", "/health",
-                                                    "/metrics", "/__inference_nodes_anonymous"]
+                                                    "/metrics", "/__inference_nodes_closed",
+                                                    "/__inference_nodes_anonymous"]  # (the last two: internal)
     assert "location / {\n            return 404 '{\"error\": {\"message\": \"no such route" in tls
     assert "listen 192.0.2.10:8000 ssl;" in tls and "server 127.0.0.1:18000;" in conf
     for setting in ("proxy_buffering off;", "proxy_read_timeout 3600s;", "proxy_send_timeout 3600s;",
@@ -205,7 +206,9 @@ def test_the_config_routes_only_the_allowed_paths_and_carries_no_key(lab):
     assert "rate=600r/m;" in conf
     # the door on the clients' loopback port: everything passes on to vLLM, no key asked, none removed
     assert "listen 127.0.0.1:8000;" in door and "ssl" not in door and "endpoint_client" not in door
-    assert re.findall(r"location (?:= )?(\S+) \{", door) == ["/health", "/metrics", "/", "@unreachable", "@too_slow"]
+    assert re.findall(r"location (?:= )?(\S+) \{", door) == ["/health", "/metrics", "/", "/__inference_nodes_closed",
+                                                           "@unreachable", "@too_slow"]
+    assert conf.count("location = /__inference_nodes_closed {\n            internal;") == 2
     for fmt in conf.split("log_format")[1:]:
         assert "$http_authorization" not in fmt.split(";", 1)[0], "the key in the access log"
     for key in _keys(str(lab / "clients")):

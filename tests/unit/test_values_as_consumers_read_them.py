@@ -546,13 +546,12 @@ def test_urls_python_takes_and_alertmanager_refuses_are_the_ones_validation_refu
 
 def test_the_closed_door_answers_json_503_with_retry_after_and_opens_with_its_flag(nginx, lab, tmp_path):
     """The real nginx with the rendered configuration: while the closed-door flag exists, a client with a key gets
-    an OpenAI-style JSON 503 with Retry-After on every API route (one without a key still 401); without the flag the
+    an OpenAI-style JSON 503 with Retry-After on every API route (one without a key still 401), and so does a client
+    of the loopback door; the Retry-After is what the door's hint file says (30 s without one); without the flag the
     request goes through to vLLM (here none listens: 502)."""
-    from deploys.endpoint import RETRY_AFTER_S, closed_flag_path
+    from deploys.endpoint import CLOSED_DIR, RETRY_AFTER_S, closed_flag_path, retry_hint_path
 
     import tempfile
-
-    from deploys.endpoint import CLOSED_DIR
 
     cfg = validate_hosts(node_a(**_files(lab)))["node-a"]
     root = nginx_root(tmp_path, cfg)
@@ -562,25 +561,31 @@ def test_the_closed_door_answers_json_503_with_retry_after_and_opens_with_its_fl
     assert CLOSED_DIR + "/" in conf
     (root / "nginx.conf").write_text(conf.replace(CLOSED_DIR + "/", flag_dir + "/"))
     flag = closed_flag_path(cfg).replace(CLOSED_DIR, flag_dir)
+    hint = retry_hint_path(cfg, 15).replace(CLOSED_DIR, flag_dir)
     key = next(k for n, k in read_clients(cfg.endpoint_clients_file).items() if n != cfg.endpoint_metrics_client)
     (tmp_path / "auth").write_text(f"Authorization: Bearer {key}\n")
     os.chmod(tmp_path / "auth", 0o600)
     url = f"https://{cfg.endpoint_address}:{cfg.endpoint_port}/v1/chat/completions"
+    door = f"http://{cfg.api_bind_address}:{cfg.api_port}/v1/completions"
     curl = (f'curl -s -D - --cacert {cfg.endpoint_tls_ca} -X POST -d {{}} -H "Content-Type: application/json" '
             f'-H @{tmp_path / "auth"} {url}')
     script = (f'"$1" -p "$2" -e stderr -c "$2/nginx.conf" & pid=$!; for i in $(seq 50); do curl -s -o /dev/null '
               f'--cacert {cfg.endpoint_tls_ca} https://{cfg.endpoint_address}:{cfg.endpoint_port}/ && break; sleep 0.1; '
               f'done; mkdir -p $(dirname {flag}); touch {flag}; echo "==closed"; {curl}; echo; echo "==anonymous"; '
               f'curl -s -o /dev/null -w "%{{http_code}}" --cacert {cfg.endpoint_tls_ca} -X POST {url}; echo; '
+              f'touch {hint}; echo "==hinted"; {curl}; echo; echo "==door"; curl -s -D - -X POST -d {{}} {door}; echo; '
               f'rm -f {flag}; echo "==open"; {curl}; echo; kill $pid; wait $pid 2>/dev/null; true')
     out = in_own_network(cfg, script, nginx, str(root))
     closed, rest = out.stdout.split("==closed", 1)[1].split("==anonymous", 1)
-    anonymous, opened = rest.split("==open", 1)
-    head, _, body = closed.strip().partition("\n\n")  # (text mode: CRLF read as LF)
-    assert head.startswith("HTTP/1.1 503"), out.stdout + out.stderr
-    assert f"Retry-After: {RETRY_AFTER_S}" in head and "Content-Type: application/json" in head, head
-    error = json.loads(body)["error"]
-    assert error["type"] == "service_unavailable" and error["code"] == 503 and error["message"]
+    anonymous, rest = rest.split("==hinted", 1)
+    hinted, rest = rest.split("==door", 1)
+    at_door, opened = rest.split("==open", 1)
+    for answer, told in ((closed, RETRY_AFTER_S), (hinted, 15), (at_door, 15)):
+        head, _, body = answer.strip().partition("\n\n")  # (text mode: CRLF read as LF)
+        assert head.startswith("HTTP/1.1 503"), out.stdout + out.stderr
+        assert f"Retry-After: {told}\n" in head + "\n" and "Content-Type: application/json" in head, head
+        error = json.loads(body)["error"]
+        assert error["type"] == "service_unavailable" and error["code"] == 503 and error["message"]
     assert anonymous.strip() == "401"
     assert opened.strip().startswith("HTTP/1.1 502"), opened
     assert key not in out.stdout + out.stderr
