@@ -118,26 +118,32 @@ class ServiceStartDict(TypedDict):
     unit: str | None      # hash of the unit and fabric env the service last started from (None: no record)
     snapshot: str | None  # hash of the snapshot stamp it started with
     verified: str | None  # hash of the snapshot stamp now (None: no stamp: not verified)
+    manifest: str | None  # sha1 of the live trusted manifest now (None: none, or not asked for)
 
 
 class ServiceStartedFrom(FactBase[ServiceStartDict]):
     """What the service's last start recorded in ``record`` (its unit writes two hashes there at every start:
     its unit and fabric env, and the snapshot stamp; deploys/service/unit.py), beside the hash of the
-    snapshot stamp ``stamp`` now: a service whose snapshot was repaired since it started is restarted."""
+    snapshot stamp ``stamp`` now: a service whose snapshot was repaired since it started is restarted; and the sha1
+    of the live trusted manifest ``manifest`` (which commit the live release is: another one asked for is a switch)."""
 
-    def command(self, record: str, stamp: str) -> str:
+    def command(self, record: str, stamp: str, manifest: str | None = None) -> str:
+        live = (f"echo '{_MARK}manifest'; sha1sum < {shlex.quote(manifest)} 2>/dev/null | cut -d' ' -f1; "
+                if manifest else "")
         return (f"cat {shlex.quote(record)} 2>/dev/null; echo '{_MARK}now'; "
-                f"sha256sum < {shlex.quote(stamp)} 2>/dev/null | cut -d' ' -f1; true")
+                f"sha256sum < {shlex.quote(stamp)} 2>/dev/null | cut -d' ' -f1; {live}true")
 
     def process(self, output: list[str]) -> ServiceStartDict:
         if f"{_MARK}now" not in output:
             raise FactProcessError(f"ServiceStartedFrom: no marker in {output!r}")
         at = output.index(f"{_MARK}now")
+        end = output.index(f"{_MARK}manifest") if f"{_MARK}manifest" in output else len(output)
         recorded = [line.strip() for line in output[:at] if line.strip()]
-        now = [line.strip() for line in output[at + 1:] if line.strip()]
+        now = [line.strip() for line in output[at + 1:end] if line.strip()]
+        live = [line.strip() for line in output[end + 1:] if line.strip()]
         complete = len(recorded) == 2
         return {"unit": recorded[0] if complete else None, "snapshot": recorded[1] if complete else None,
-                "verified": now[0] if now else None}
+                "verified": now[0] if now else None, "manifest": live[0] if live else None}
 
 
 class GatePassedDict(TypedDict):

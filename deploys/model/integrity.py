@@ -30,7 +30,10 @@ CALENDAR = {"daily": "*-*-*", "weekly": "Sun *-*-*", "monthly": "*-*-01"}
 
 
 def verify_argv(cfg: NodeConfig) -> list[str]:
-    argv = ["/usr/bin/python3", VERIFIER, MANIFEST, cfg.snapshot_dir, "--stamp", STAMP, "--full",
+    """The deep verify checks the live release: its manifest, and (`hf_cache`) the snapshot of that manifest's
+    commit, not the inventory's, which may be a commit staged beside it that does not serve yet (issue 52 slice 5)."""
+    where = [cfg.model_dir, "--hf-snapshot"] if cfg.model_layout == "hf_cache" else [cfg.snapshot_dir]
+    argv = ["/usr/bin/python3", VERIFIER, MANIFEST, *where, "--stamp", STAMP, "--full",
             "--record", RECORD, "--drop-cold", "--quiet", "--skip-while", UPGRADE_MARKER]
     if cfg.model_deep_verify_max_mbps:
         argv += ["--max-rate", str(cfg.model_deep_verify_max_mbps)]

@@ -12,12 +12,14 @@ verifier (files/model_snapshot/verify_snapshot.py, stdlib only) writes the stamp
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
-from io import StringIO
+import time
+from dataclasses import dataclass
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy
-from pyinfra.facts.files import Directory, File
+from pyinfra.facts.files import Directory, File, FileContents
 
 from deploys.model import fanout as model_fanout, hub as model_hub, push as model_push
 from deploys.apt_state import APT_READS, apt_lists_updated
@@ -49,6 +51,44 @@ GATE = "/usr/local/bin/inference-nodes-model-gate"
 # written before another commit's manifest is installed, removed when the node's switch ends (deploys/service/
 # switch.py): the scheduled deep verify skips while it counts (`model_upgrade_marker_h`)
 UPGRADE_MARKER = "/var/lib/inference-nodes/model-upgrade.json"
+COMMITS_DIR = "/var/lib/inference-nodes/commits"  # a commit staged beside the live release, until its switch
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Where a commit's trusted manifest, verify stamp and deep-verify record are on the node."""
+
+    manifest: str
+    stamp: str
+    record: str
+
+
+LIVE = ModelState(MANIFEST, STAMP, RECORD)  # the release that serves: what the start gate and the deep verify read
+
+
+def staged_state(revision: str) -> ModelState:
+    """Another commit's, synced and verified beside the live release until the switch installs it
+    (deploys/service/release.py ``model_release_switched``)."""
+    return ModelState(*(f"{COMMITS_DIR}/{revision}/{name}" for name in ("manifest.json", "verified.json",
+                                                                         "deep-verify.json")))
+
+
+def manifest_sha1(cfg: NodeConfig) -> str | None:
+    """The inventory's trusted manifest as ManagedFiles names a file's content (sha1; None: none, refused)."""
+    if cfg.model_manifest is None:
+        return None
+    with open(cfg.model_manifest, "rb") as f:
+        return hashlib.sha1(f.read()).hexdigest()
+
+
+def model_state(cfg: NodeConfig, live_manifest: dict | None) -> ModelState:
+    """Where the model step installs and verifies the inventory's commit: in place when it is the live one (a repair
+    of what serves), else staged beside it (``live_manifest``: ManagedFiles' entry of the live manifest), so the live
+    release keeps its manifest, stamp and gate until its switch and can restart meanwhile."""
+    same = live_manifest is not None and live_manifest.get("sha1") == manifest_sha1(cfg)
+    return LIVE if same else staged_state(cfg.model_revision)
+
+
 HUB_DOWNLOAD = f"{NODE_LIB}/hub_download.py"
 HUB_TOKEN = "/etc/inference-nodes/secrets/hf-token"
 
@@ -90,13 +130,14 @@ def render_gate(snapshot_dir: str) -> str:
 
 
 @operation()
-def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
+def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, state: ModelState = LIVE, wave: int = 0,
                     assignment: model_fanout.Assignment | None = None, batch: tuple[str, ...] = ()):
     """Verify the node's snapshot; unless `present`, fetch exactly the missing/bad files, then verify in full.
 
     + mode: push, hub or present
     + snapshot_dir: the files of the pinned commit on the node
     + dest_dir: where fetched files land (free disk is checked there first)
+    + state: its manifest, stamp and record (``model_state``: the live ones, or staged beside them)
     + wave: the fan-out wave this operation is (0-based); the first one also records what every node needs
     + assignment: this node's wave and source in a `push` fan-out (None: wave 0 from the control node)
     + batch: the model deploy's managed files (the owner marker among them), read in one round trip
@@ -110,7 +151,8 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
         # the plan writes and hashes nothing (a plan that re-hashed would also rewrite the stamp of the snapshot that
         # is serving); where the stamp cannot vouch, the hashing verdict is read when the run executes
         cfg = node_config()
-        verdict = dict(verifier=VERIFIER, manifest=MANIFEST, snapshot_dir=snapshot_dir, stamp=STAMP, record=RECORD,
+        verdict = dict(verifier=VERIFIER, manifest=state.manifest, snapshot_dir=snapshot_dir, stamp=state.stamp,
+                       record=state.record,
                        full=cfg.model_verify_full, stale_after_s=max_age_s(cfg), max_rate=cfg.model_deep_verify_max_mbps)
         result = read(host, ModelVerification, **verdict, plan=True)
         if result.get("needs_hash") and this_run().is_executing:
@@ -149,14 +191,14 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
     stale = sorted(set(refetch) | set(extra))
     if stale:  # bad files (the cache layout's blobs, local_dir metadata too) go before the fetch, never
         # through a link out of the snapshot (the verifier's remove_paths)
-        yield StringCommand("python3", VERIFIER, "--remove", QuoteString(dest_dir), "--", MANIFEST,
+        yield StringCommand("python3", VERIFIER, "--remove", QuoteString(dest_dir), "--", state.manifest,
                             QuoteString(snapshot_dir), *(QuoteString(p) for p in stale))
     if refetch:  # parallel rsync streams must not race to create the directories (mkdir: File exists)
         made = {dest_dir, snapshot_dir} | ({f"{dest_dir}/blobs"} if snapshot_dir != dest_dir else set())
         made |= {posixpath.join(snapshot_dir, posixpath.dirname(p)) for p in refetch if "/" in p}
         yield StringCommand("mkdir", "-p", *(QuoteString(d) for d in sorted(made)))
     if refetch and mode == "push" and assignment.source:
-        yield FunctionCommand(model_fanout.pull_from_peer, (assignment.source, refetch, MANIFEST), {})
+        yield FunctionCommand(model_fanout.pull_from_peer, (assignment.source, refetch, state.manifest), {})
     elif refetch and mode == "push":
         yield FunctionCommand(model_push.push_from_control, (refetch,), {})
     elif refetch:
@@ -169,8 +211,8 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, wave: int = 0,
                                   cfg.model_layout, QuoteString(cfg.hub_download_dir),
                                   QuoteString(cfg.model_hub_endpoint), token))
     rate = node_config().model_deep_verify_max_mbps
-    yield shown(StringCommand("python3", VERIFIER, MANIFEST, QuoteString(snapshot_dir), "--stamp", STAMP, "--full",
-                              "--record", RECORD, "--every", str(int(PROGRESS_EVERY_S)),
+    yield shown(StringCommand("python3", VERIFIER, state.manifest, QuoteString(snapshot_dir), "--stamp", state.stamp,
+                              "--full", "--record", state.record, "--every", str(int(PROGRESS_EVERY_S)),
                               *(["--max-rate", str(rate)] if rate else [])))
 
 
@@ -213,7 +255,24 @@ def upgrade_marked(manifest: str, hours: int, batch: tuple[str, ...]):
         if not upgrade_starts(installed, f.read()):
             host.noop("no other commit's manifest to install")
             return
+    # a converge that resumes the same upgrade (the model step run again before the switch) leaves a mark that
+    # still counts for more than half its bound as it is: a second run changes nothing
+    if (left := marker_left_s(read(host, FileContents, path=UPGRADE_MARKER))) > hours * 3600 / 2:
+        host.noop(f"the upgrade mark counts for {left / 3600:.1f} h more")
+        return
     yield StringCommand("sh", "-c", QuoteString(until_marker_command(UPGRADE_MARKER, hours * 3600)))
+
+
+def marker_left_s(lines: list[str] | None, now: float | None = None) -> float:
+    """How long a bounded marker (``{"until": epoch}``, FileContents' lines) still counts: 0 when absent, expired or
+    unreadable."""
+    try:
+        until = json.loads("\n".join(lines or [])).get("until")
+    except (ValueError, AttributeError):
+        return 0.0
+    if isinstance(until, bool) or not isinstance(until, (int, float)):
+        return 0.0
+    return max(0.0, until - (time.time() if now is None else now))
 
 
 @operation()
@@ -246,8 +305,8 @@ def model_snapshot():
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
     packages_installed(name="Install what the verifier and rsync need", packages=["python3", "rsync"])
     verifier = [f"{NODE_LIB}/{name}" for name in VERIFIER_FILES]
-    batch = (*verifier, MANIFEST, GATE, HUB_DOWNLOAD, f"{cfg.model_dir}/refs/main", model_fanout.PEER_PULL,
-             owner_marker(cfg.model_dir))
+    staged = staged_state(cfg.model_revision)
+    batch = (*verifier, MANIFEST, staged.manifest, HUB_DOWNLOAD, model_fanout.PEER_PULL, owner_marker(cfg.model_dir))
     # not the verification itself: it may re-hash every file, and would run twice if a command ran in between
     expect([*APT_READS, (ManagedFiles, {"paths": batch}), (Directory, {"path": posixpath.dirname(STAMP)}),
             (File, {"path": HUB_TOKEN}), (SeedDaemon, {"unit": model_fanout.SEED_UNIT, "secret_dir": model_fanout.SEED_DIR})])
@@ -261,12 +320,13 @@ def model_snapshot():
                   mode="0755" if dest == VERIFIER else "0644", create_remote_dir=True)
     upgrade_marked(name="Mark a model upgrade in progress (the scheduled deep verify waits for the switch)",
                    manifest=cfg.model_manifest, hours=cfg.model_upgrade_marker_h, batch=batch)
-    atomic_put(batch=batch, name="Install the trusted manifest", src=cfg.model_manifest, dest=MANIFEST,
-              user="root", group="root", mode="0644", create_remote_dir=True)
+    # the live release keeps its manifest, stamp and start gate until its switch: another commit is staged beside
+    state = model_state(cfg, read(host, ManagedFiles, paths=batch).get(MANIFEST))
+    atomic_put(batch=batch, name="Install the trusted manifest (another commit's: staged beside the live one)",
+              src=cfg.model_manifest, dest=state.manifest, user="root", group="root", mode="0644",
+              create_remote_dir=True)
     directory_present(name="Create the verify stamp directory", path=posixpath.dirname(STAMP),
                     user="root", group="root", mode="0755")
-    atomic_put(batch=batch, name="Install the model start gate", src=StringIO(render_gate(cfg.snapshot_dir)), dest=GATE,
-              user="root", group="root", mode="0755")
     if cfg.model_sync_mode == "hub":
         packages_installed(name="Install python3-venv for the hub client", packages=["python3-venv"])
         model_hub.hub_client_installed(name=f"Install huggingface_hub {model_hub.HUB_VERSION} (wheels from the control node)",
@@ -278,9 +338,6 @@ def model_snapshot():
                         dest=HUB_TOKEN)
     if cfg.model_sync_mode != "hub" or not cfg.model_hub_token_file:  # a token no longer configured leaves the node
         file_absent(name="Remove a hub token no longer in the inventory", path=HUB_TOKEN)
-    if cfg.model_layout == "hf_cache":
-        atomic_put(batch=batch, name="Write refs/main (offline loads, cache tools)", src=StringIO(cfg.model_revision),
-                  dest=f"{cfg.model_dir}/refs/main", user="root", group="root", mode="0644", create_remote_dir=True)
     if cfg.model_sync_mode == "push":
         atomic_put(batch=batch, name="Install the peer pull helper (push fan-out)",
                   src=helper_path("model_snapshot/peer_pull.py"), dest=model_fanout.PEER_PULL,
@@ -301,6 +358,7 @@ def model_snapshot():
             mode=cfg.model_sync_mode,
             snapshot_dir=cfg.snapshot_dir,
             dest_dir=cfg.model_dir,
+            state=state,
             wave=wave,
             assignment=plan.get(host.name),
             batch=batch,

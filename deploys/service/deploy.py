@@ -16,7 +16,7 @@ from pyinfra.facts.systemd import SystemdStatus
 from deploys.endpoint import closed_flag_path
 from deploys.host_tuning import render_fabric_env
 from deploys.inventory import cluster_member_names, node_cluster, node_config
-from deploys.model.snapshot import STAMP
+from deploys.model.snapshot import GATE, MANIFEST, render_gate
 from deploys.ops import atomic_put, directory_present, follow_up_reads, secret_file, staged_path
 from deploys.run.held import release_held
 from deploys.run.reads import expect
@@ -24,8 +24,8 @@ from deploys.schema import NodeConfig
 from deploys.service.launch_check import args_check_command, vllm_accepts
 from deploys.service.prune import prune_reads, releases_pruned
 from deploys.service.release import gate_record_path, release_of
-from deploys.service.restart import (cluster_changes_whole, door_closed_for_the_switch, service_current,
-                                     service_files_placed, switch_marked)
+from deploys.service.restart import (cluster_changes_whole, door_closed_for_the_switch, model_release_switched,
+                                     service_current, service_files_placed, started_from_reads, switch_marked)
 from deploys.service.backoff import backoff_reads, backoff_reset_installed
 from deploys.service.switch import service_serving, switch_leftovers
 from deploys.service.unit import (
@@ -59,13 +59,15 @@ def inference_service():
     unit_path = f"{UNIT_DIR}/{cfg.container_name}.container"
     env_path = service_env_path(cfg)
     live = (unit_path, env_path, cfg.fabric_env_file)  # what a start reads (the fabric env: staged by host tuning)
-    batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, *live, *map(staged_path, live))  # one round trip
+    refs_main = f"{cfg.model_dir}/refs/main" if cfg.model_layout == "hf_cache" else None
+    batch = (ROCE_HELPER, ROCE_GID, ARGS_CHECK, JOB_PROBE, *live, *map(staged_path, live), MANIFEST, GATE,
+             *([refs_main] if refs_main else []))  # one round trip
     service = f"{cfg.container_name}.service"
     started = started_from_path(cfg)
     volume_dirs = [p for p in (cfg.jit_cache_dir, cfg.container_tmp_dir) if p]
     expect([(ManagedFiles, {"paths": batch}), *[(Directory, {"path": p}) for p in volume_dirs],
             (Sha256File, {"path": unit_path}), *follow_up_reads(QUADLET_STAMP), (SystemdStatus, {"services": [service]}),
-            (ServiceStartedFrom, {"record": started, "stamp": STAMP}),
+            (ServiceStartedFrom, started_from_reads(started)),
             *([(GatePassed, {"record": gate_record_path(cfg), "service": service})] if cfg.is_head else []),
             (ExistingPaths, {"paths": switch_leftovers(cfg, cfg.is_head)}),
             (ReleasesOnDisk, prune_reads(cfg)), *backoff_reads()])
@@ -105,6 +107,14 @@ def inference_service():
     if cfg.is_head:
         door_closed_for_the_switch(name="Close the door to new requests before a restart", service=service,
                                        started_from=started, fingerprint=fp, flag=closed_flag_path(cfg))
+    # the model release: switched behind the door, with the start gate and refs/main of the commit it serves now
+    model_release_switched(name="Switch the live model release to the new commit (staged and verified beside it)",
+                           batch=batch)
+    atomic_put(batch=batch, name="Install the model start gate", src=StringIO(render_gate(cfg.snapshot_dir)),
+               dest=GATE, user="root", group="root", mode="0755", create_remote_dir=True)
+    if refs_main:
+        atomic_put(batch=batch, name="Write refs/main (offline loads, cache tools)", src=StringIO(cfg.model_revision),
+                   dest=refs_main, user="root", group="root", mode="0644", create_remote_dir=True)
     service_current(name="Start or update workers (rank > 0) before heads", service=service, started_from=started,
                     fingerprint=fp, record=record, act=not cfg.is_head, staged=staged)
     service_current(name="Start or update heads and single nodes", service=service, started_from=started,

@@ -12,7 +12,7 @@ import shlex
 from datetime import datetime, timezone
 
 from deploys.model import integrity as model_integrity
-from deploys.model.snapshot import GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER
+from deploys.model.snapshot import COMMITS_DIR, GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER, ModelState
 from deploys.ops import content_fingerprint, files_fingerprint_command, follow_up_stamp
 from deploys.run.held import release_api_of
 from deploys.schema import NodeConfig
@@ -123,6 +123,20 @@ def restore_good_command(cfg: NodeConfig, good: dict) -> str:
     return (f"{relink}umask 077 && {installs} && systemctl daemon-reload && umask 022 && mkdir -p {posixpath.dirname(reloaded)} && "
             f"{files_fingerprint_command((unit,))} > {reloaded}.tmp && mv -f {reloaded}.tmp {reloaded} && "
             f"systemctl restart {cfg.container_name}.service")
+
+
+def model_switch_command(staged: ModelState) -> str:
+    """Shell: the staged commit becomes the live model release, behind the closed door just before the restart: its
+    verify stamp and deep-verify record, then its manifest (each through a temporary and a rename; the manifest
+    last, so a run killed in between leaves the live manifest another commit's and the next converge switches
+    again), then the staged state goes. Refused, changing nothing, when the commit was not verified."""
+    check = (f"{{ [ -f {staged.manifest} ] && [ -f {staged.stamp} ]; }} || {{ echo 'the new model commit was not "
+             f"verified ({posixpath.dirname(staged.stamp)}): its sync must pass first' >&2; exit 1; }}")
+    record = (f"{{ if [ -f {staged.record} ]; then install -m 0644 {staged.record} {RECORD}.switch && "
+              f"mv -f {RECORD}.switch {RECORD}; else rm -f {RECORD}; fi; }}")
+    installs = " && ".join(f"install -m 0644 {src} {dest}.switch && mv -f {dest}.switch {dest}"
+                           for src, dest in ((staged.stamp, STAMP), (staged.manifest, MANIFEST)))
+    return f"{check} && mkdir -p {posixpath.dirname(STAMP)} && {record} && {installs} && rm -rf {COMMITS_DIR}"
 
 
 def release_named(release: dict) -> str:

@@ -13,26 +13,30 @@ from pyinfra.facts.files import FileContents, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
 
 from deploys.inventory import node_config
-from deploys.model.snapshot import GATE, STAMP
+from deploys.model.snapshot import GATE, MANIFEST, STAMP, manifest_sha1, staged_state
 from deploys.ops import (cluster_all_here, follow_up_record_command, follow_up_stamp, host_failed, staged_path,
                          sudo_args)
 from deploys.run.reads import operation, read, run_on
 from deploys.run.state import kept
 from deploys.service.door import door_close_command, drain, switch_marker_command
-from deploys.service.release import as_released, gate_record_path
+from deploys.service.release import as_released, gate_record_path, model_switch_command
 from deploys.service.unit import QUADLET_STAMP, staged_install_command
 from facts.containers import GatePassed, ServiceStartedFrom
 from facts.host import ManagedFiles
 
 
-def restart_reason(running: bool, start: dict, fingerprint: str) -> str | None:
+def restart_reason(running: bool, start: dict, fingerprint: str, manifest: str | None = None) -> str | None:
     """Why the service must be started or restarted now, read from the node (None: it runs what the converge
-    renders): down; started from another unit or env (a converge change, or a hand edit that was applied); or
-    from another verified snapshot (files repaired since it started: it may have loaded the bad one)."""
+    renders): down; started from another unit or env (a converge change, or a hand edit that was applied); the
+    live model release is another commit than the inventory's ``manifest`` (sha1; the new one is staged beside, the
+    switch installs it); or from another verified snapshot (files repaired since it started: it may have loaded the
+    bad one)."""
     if not running:
         return "not running"
     if start["unit"] != fingerprint:
         return "started from another unit or environment"
+    if manifest and start.get("manifest") != manifest:
+        return "it serves another model commit than the inventory's"
     if not start["verified"]:
         return "its snapshot is not verified now"
     if start["snapshot"] != start["verified"]:
@@ -44,8 +48,13 @@ def restart_due(service: str, started_from: str, fingerprint: str) -> tuple[bool
     """Read from the node being planned or run: whether ``service`` runs, and why it must (re)start now (None: it
     runs what the converge renders; ``restart_reason``). The same reads every step of a switch decides from."""
     running = read(host, SystemdStatus, services=[service]).get(service)
-    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
-    return bool(running), restart_reason(running, start, fingerprint)
+    start = read(host, ServiceStartedFrom, **started_from_reads(started_from))
+    return bool(running), restart_reason(running, start, fingerprint, manifest_sha1(node_config()))
+
+
+def started_from_reads(started_from: str) -> dict:
+    """ServiceStartedFrom's arguments, the same in every step of a switch (one read)."""
+    return {"record": started_from, "stamp": STAMP, "manifest": MANIFEST}
 
 
 @operation()
@@ -117,9 +126,8 @@ def service_current(service: str, started_from: str, fingerprint: str, record: s
     if not act:
         host.noop("started in the other rank-ordered step")
         return
-    running = read(host, SystemdStatus, services=[service]).get(service)  # one unit, not all of them
-    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
-    reason = restart_reason(running, start, fingerprint)
+    running, reason = restart_due(service, started_from, fingerprint)
+    start = read(host, ServiceStartedFrom, **started_from_reads(started_from))
     if reason is None:
         host.noop(f"{service} running, started from the rendered unit and the verified snapshot")
         return
@@ -156,6 +164,23 @@ def _switch_started(state, host, service: str, record: str, running: bool, head:
             kept(state, "switch_failed", dict)[host.name] = why
         return host_failed(host, f"{host.name}: {why}")
     return True
+
+
+@operation()
+def model_release_switched(batch: tuple[str, ...]):
+    """The model release switches behind the closed door, just before the restart: where the live manifest is
+    another commit's than the inventory's (or none yet), the commit the model step staged and verified beside it
+    becomes the live one (``model_switch_command``). Until here the live release kept its manifest, stamp and gate:
+    it could restart, and the deep verify checked what serves.
+
+    + batch: the deploy's managed files (the live manifest among them), read in one round trip
+    """
+    cfg = node_config()
+    live = read(host, ManagedFiles, paths=batch).get(MANIFEST)
+    if cfg.model_manifest is None or (live is not None and live["sha1"] == manifest_sha1(cfg)):
+        host.noop("the live model release is the inventory's commit")
+        return
+    yield StringCommand("sh", "-c", QuoteString(model_switch_command(staged_state(cfg.model_revision))))
 
 
 @operation()

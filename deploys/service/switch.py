@@ -10,11 +10,10 @@ from datetime import datetime, timezone
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand
-from pyinfra.facts.systemd import SystemdStatus
 
 from deploys.endpoint import closed_flag_path, retry_hint_paths
 from deploys.inventory import node_config
-from deploys.model.snapshot import STAMP, UPGRADE_MARKER
+from deploys.model.snapshot import UPGRADE_MARKER
 from deploys.ops import host_failed, sudo_args
 from deploys.run.reads import operation, read, run_on
 from deploys.run.state import kept
@@ -42,7 +41,7 @@ from deploys.service.release import (
     restore_good_command,
     save_good_command,
 )
-from deploys.service.restart import restart_reason
+from deploys.service.restart import restart_due
 from deploys.serving_gate import (
     failed_checks,
     gate_checks,
@@ -52,7 +51,7 @@ from deploys.serving_gate import (
     readiness_command,
     wait_serving,
 )
-from facts.containers import GatePassed, ServiceStartedFrom
+from facts.containers import GatePassed
 from facts.host import ExistingPaths
 
 
@@ -291,9 +290,7 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
     + workers: a head's workers (rank > 0), in rank order: kept and rolled back with it
     + model: the name clients ask for
     """
-    running = read(host, SystemdStatus, services=[service]).get(service)
-    start = read(host, ServiceStartedFrom, record=started_from, stamp=STAMP)
-    current = restart_reason(running, start, fingerprint) is None
+    current = restart_due(service, started_from, fingerprint)[1] is None
     if head:
         last = read(host, GatePassed, record=record, service=service)["release"] or {}
         done = current and last.get("release") == release["release"]

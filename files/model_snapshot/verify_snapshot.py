@@ -337,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-service", metavar="UNIT", help="on a bad verdict, `systemctl stop UNIT`")
     ap.add_argument("--skip-while", metavar="MARKER", help="exit 0 and touch nothing while MARKER ({\"until\": "
                     "epoch}) counts: a converge is upgrading the model, the manifest is not the live files' yet")
+    ap.add_argument("--hf-snapshot", action="store_true", help="DIR is a hub cache folder: verify its "
+                    "snapshots/<the manifest's commit> (the live release's, whichever commit that is)")
     ap.add_argument("--check-only", action="store_true", help="write and delete nothing (audits)")
     ap.add_argument("--plan", action="store_true", help="write, delete and hash nothing: what the stamp and the file "
                     "set say (a converge's plan)")
@@ -360,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 0
     try:
+        if args.hf_snapshot:
+            args.dir = os.path.join(args.dir, "snapshots", read_manifest(args.manifest)["commit"])
         if args.link_from:
             paths = [e["path"] for e in read_manifest(args.manifest)["files"]]
             link_tree(paths, args.link_from, args.dir, list_files(args.dir) if os.path.isdir(args.dir) else set())

@@ -22,6 +22,7 @@ import pytest
 
 from deploys import serving_gate
 from deploys.endpoint import RETRY_AFTER_S, RETRY_AFTER_STEPS
+from deploys.model.snapshot import COMMITS_DIR
 from deploys.service.door import retry_after_s
 from tests.node.conftest import INVENTORY, PYINFRA, SANDBOX_DIR, changed_operations, inventory_copy, on_node, pyinfra
 from tests.sandbox.endpoint_client import STREAM_TOKENS, EndpointClient
@@ -533,14 +534,21 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     # the model step first, alone (in a lab: a download of hours): the node is marked as upgrading before the new
     # manifest is installed, and the deep verify its timer starts meanwhile yields (issue 52 slice 1; unmarked, it
     # would judge the live files by the new manifest, record them bad and stop the service)
-    pid = main_pid(node)
+    pid, record = main_pid(node), on_node(node, f"cat {RECORD}").stdout
     staged = pyinfra("--json", INVENTORY, "deploys.model.snapshot.model_snapshot", *broken)
     assert UPGRADE_MARK in [name for name, _ in changed_operations(staged)], changed_operations(staged)
-    record = on_node(node, f"cat {RECORD}").stdout  # (the sync's own verdict, about the new commit: slice 2's work)
+    assert on_node(node, f"cat {RECORD}").stdout == record, "the staged sync recorded a verdict about what serves"
     assert on_node(node, f"systemctl start {DEEP_VERIFY}").returncode == 0
     journal = on_node(node, f"journalctl -u {DEEP_VERIFY} --no-pager -n 20").stdout
     assert "verify: skipped: a converge is upgrading this node's model" in journal, journal
     assert main_pid(node) == pid and on_node(node, f"cat {RECORD}").stdout == record, "the deep verify judged the live files"
+    # slice 2: the new commit was staged beside the live release, which kept its manifest, stamp and gate: a converge
+    # stopped here (killed after its sync, before the door) leaves a release that restarts and serves
+    assert on_node(node, f"test -f {COMMITS_DIR}/{BROKEN_COMMIT}/verified.json").returncode == 0, "not staged"
+    assert on_node(node, "inference-nodes-model-gate").stdout == good_snapshot
+    assert on_node(node, f"systemctl restart {UNITS[node]}").returncode == 0
+    assert wait_ready(node, 300) >= 0 and main_pid(node) != pid, "the live release did not restart on its own"
+    pid = main_pid(node)
     expected = last_switch_s(node)
     with EndpointClient(node) as client:  # a LAN client through the switch: never a wrong answer
         converge = pyinfra(moved, "deploys/all.py", *broken, check=False)

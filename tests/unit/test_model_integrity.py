@@ -111,3 +111,16 @@ def test_an_upgrade_starts_where_another_commits_manifest_replaces_the_installed
     assert "--skip-while" in verify_argv(cfg()) and cfg().model_upgrade_marker_h == 12
     with pytest.raises(ValidationError, match="model_upgrade_marker_h"):
         cfg(model_upgrade_marker_h=0)
+
+
+def test_a_model_step_run_again_before_the_switch_leaves_a_counting_mark_as_it_is():
+    """Slice 2: the live manifest stays another commit's until the switch, so the model step alone run twice (a
+    resumed download) finds the upgrade again: a mark that still counts for over half its bound is left as it is
+    (the second run changes nothing); an expired, unreadable or missing one is written anew."""
+    from deploys.model.snapshot import marker_left_s
+
+    now = 1_000_000.0
+    assert marker_left_s(['{"until": 1036000}'], now) == 36000
+    assert marker_left_s(['{"until": 999000}'], now) == 0
+    for lines in (None, [], ["not json"], ['{"until": "soon"}'], ['{"until": true}'], ["[1]"]):
+        assert marker_left_s(lines, now) == 0, lines

@@ -483,6 +483,7 @@ def test_the_deep_verify_skips_while_a_converge_upgrades_and_verifies_once_the_m
     record, marker = tmp_path / "record.json", tmp_path / "model-upgrade.json"
     places = {MANIFEST: str(tmp_path / "new.json"), STAMP: snap["stamp"], RECORD: str(record),
               UPGRADE_MARKER: str(marker), cfg.snapshot_dir: snap["dir"], "/usr/bin/python3": sys.executable,
+              cfg.model_dir: os.path.dirname(os.path.dirname(snap["dir"])),  # (hf_cache: the manifest's commit in it)
               "/usr/local/lib/inference-nodes/verify_snapshot.py": VERIFIER}
     argv = [places.get(a, a) for a in verify_argv(cfg) if a != "--stop-service" and not a.endswith(".service")]
     assert "--skip-while" in argv and str(marker) in argv
