@@ -175,8 +175,6 @@ def test_preflight_refuses_a_fabric_address_the_node_does_not_have(sandbox, tmp_
     assert "host sandbox-b0: fabric_address" not in proc.stderr
 
 
-@pytest.mark.lifecycle
-@pytest.mark.endpoint
 def _stream_in_flight(node: str, tokens: int):
     """A client's stream through ``node``'s endpoint (the sandbox's second client key), started in a thread and
     returned once its first piece arrived; ``thread.result`` gets its status and the completion tokens it counted."""
@@ -213,6 +211,8 @@ def _stream_in_flight(node: str, tokens: int):
     return thread
 
 
+@pytest.mark.lifecycle
+@pytest.mark.endpoint
 def test_a_converge_killed_between_restart_and_gate_leaves_the_door_closed_and_the_next_gates_it(sandbox):
     """SIGKILL once the converge staged the new unit: an exit of the running release restarts that release. Then
     SIGKILL during the drain: the door stays shut, the node says so, the stream in flight finishes. Then
