@@ -82,11 +82,12 @@ def manifest_sha1(cfg: NodeConfig) -> str | None:
 
 
 def model_state(cfg: NodeConfig, live_manifest: dict | None) -> ModelState:
-    """Where the model step installs and verifies the inventory's commit: in place when it is the live one (a repair
-    of what serves), else staged beside it (``live_manifest``: ManagedFiles' entry of the live manifest), so the live
-    release keeps its manifest, stamp and gate until its switch and can restart meanwhile."""
-    same = live_manifest is not None and live_manifest.get("sha1") == manifest_sha1(cfg)
-    return LIVE if same else staged_state(cfg.model_revision)
+    """Where the model step installs and verifies the inventory's commit: staged beside the live release when that
+    is another commit's (``live_manifest``: ManagedFiles' entry of the live manifest), so the live release keeps its
+    manifest, stamp and gate until its switch and can restart meanwhile; else in place (a repair of what serves, a
+    live manifest lost, or a first sync: no release to keep)."""
+    other = live_manifest is not None and live_manifest.get("sha1") != manifest_sha1(cfg)
+    return staged_state(cfg.model_revision) if other else LIVE
 
 
 HUB_DOWNLOAD = f"{NODE_LIB}/hub_download.py"

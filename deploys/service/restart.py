@@ -29,13 +29,13 @@ def restart_reason(running: bool, start: dict, fingerprint: str, manifest: str |
     """Why the service must be started or restarted now, read from the node (None: it runs what the converge
     renders): down; started from another unit or env (a converge change, or a hand edit that was applied); the
     live model release is another commit than the inventory's ``manifest`` (sha1; the new one is staged beside, the
-    switch installs it); or from another verified snapshot (files repaired since it started: it may have loaded the
+    switch installs it; no live manifest: the model step installs it in place, the stamp decides); or from another verified snapshot (files repaired since it started: it may have loaded the
     bad one)."""
     if not running:
         return "not running"
     if start["unit"] != fingerprint:
         return "started from another unit or environment"
-    if manifest and start.get("manifest") != manifest:
+    if manifest and start.get("manifest") not in (None, manifest):  # (none: installed in place by the model step)
         return "it serves another model commit than the inventory's"
     if not start["verified"]:
         return "its snapshot is not verified now"
@@ -169,7 +169,7 @@ def _switch_started(state, host, service: str, record: str, running: bool, head:
 @operation()
 def model_release_switched(batch: tuple[str, ...]):
     """The model release switches behind the closed door, just before the restart: where the live manifest is
-    another commit's than the inventory's (or none yet), the commit the model step staged and verified beside it
+    another commit's than the inventory's, the commit the model step staged and verified beside it
     becomes the live one (``model_switch_command``). Until here the live release kept its manifest, stamp and gate:
     it could restart, and the deep verify checked what serves.
 
@@ -177,8 +177,8 @@ def model_release_switched(batch: tuple[str, ...]):
     """
     cfg = node_config()
     live = read(host, ManagedFiles, paths=batch).get(MANIFEST)
-    if cfg.model_manifest is None or (live is not None and live["sha1"] == manifest_sha1(cfg)):
-        host.noop("the live model release is the inventory's commit")
+    if cfg.model_manifest is None or live is None or live["sha1"] == manifest_sha1(cfg):
+        host.noop("the live model release is the inventory's commit (or none: the model step installs it in place)")
         return
     yield StringCommand("sh", "-c", QuoteString(model_switch_command(staged_state(cfg.model_revision))))
 

@@ -126,7 +126,7 @@ def test_the_model_step_works_in_place_on_the_live_commit_and_beside_it_on_anoth
     same = {"sha1": hashlib.sha1((tmp_path / "manifest.json").read_bytes()).hexdigest()}
     assert model_state(c, same) == LIVE  # a repair of what serves: in place
     assert model_state(c, {"sha1": "0" * 40}) == staged_state(c.model_revision)  # another commit serves
-    assert model_state(c, None) == staged_state(c.model_revision)  # none yet: the switch installs the first
+    assert model_state(c, None) == LIVE  # none yet (a first sync) or lost: no release to keep, in place
     assert staged_state(c.model_revision).manifest == f"{COMMITS_DIR}/{c.model_revision}/manifest.json"
     assert {MANIFEST, STAMP, RECORD} == {LIVE.manifest, LIVE.stamp, LIVE.record}
 
@@ -135,7 +135,7 @@ def test_a_service_that_serves_another_commit_than_the_inventorys_restarts():
     start = {"unit": "u", "snapshot": "s", "verified": "s", "manifest": "live-sha1"}
     assert restart_reason(True, start, "u", "live-sha1") is None
     assert restart_reason(True, start, "u", "wanted-sha1") == "it serves another model commit than the inventory's"
-    assert restart_reason(True, {**start, "manifest": None}, "u", "wanted-sha1") is not None  # no live manifest
+    assert restart_reason(True, {**start, "manifest": None}, "u", "wanted-sha1") is None  # lost: put back in place
     assert restart_reason(True, start, "u", None) is None  # no manifest in the inventory: refused elsewhere
     assert restart_reason(False, start, "u", "live-sha1") == "not running"
 
