@@ -10,7 +10,7 @@ Not a test.
 Needs `make demo`'s converged sandbox (Prometheus and Alertmanager on sandbox-a) and nothing else on port 9199.
 Each drill puts back what it broke. Prints a table and ends with one line for automated checks:
 
-    time_to_page: service_stopped_s=X killed_converge_s=Y failed_reload_s=Z failing_webhook_s=W worker_reboot_s=V
+    time_to_page: service_stopped_s=X engine_hung_s=H killed_converge_s=Y failed_reload_s=Z failing_webhook_s=W worker_reboot_s=V
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from deploys.inventory import inventory_configs, load_inventory  # noqa: E402
 from deploys.monitoring.host import RULES  # noqa: E402
 from deploys.endpoint import closed_flag_path  # noqa: E402
 from deploys.service.door import switch_marker_command, switch_marker_path  # noqa: E402
+from deploys.service.unit import served_model_name  # noqa: E402
 from tests.node.conftest import INVENTORY, on_node  # noqa: E402
 from tests.sandbox.webhook_listener import WebhookListener  # noqa: E402
 
@@ -92,6 +93,45 @@ def service_stopped(listener):
     finally:
         on_node(node, f"systemctl start {unit}")
         resolved("InferenceServiceDown", node)
+
+
+def engine_hung(listener):
+    """vLLM's engine stopped (SIGSTOP) while it holds a request: /health still answers, no token comes; the stream
+    in flight is the request it holds. InferenceNotGenerating after its stall window and `for:`; the engine goes
+    on (SIGCONT) after."""
+    import threading
+
+    node, cfg = "sandbox-a", CONFIGS["sandbox-a"]
+    body = json.dumps({"model": served_model_name(cfg), "prompt": "Once", "max_tokens": 1900,
+                       "ignore_eos": True, "stream": True}).encode()
+
+    def stream():
+        request = urllib.request.Request(f"http://127.0.0.1:{cfg.api_port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=3600) as r:
+                while not done.is_set() and r.readline():
+                    pass
+        except OSError:
+            pass
+
+    def running() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{cfg.api_port}/metrics", timeout=5) as r:
+            return any(line.startswith("vllm:num_requests_running") and float(line.split()[-1]) >= 1
+                       for line in r.read().decode().splitlines())
+
+    done = threading.Event()
+    threading.Thread(target=stream, daemon=True).start()
+    if wait(running, 60) is None:
+        raise SystemExit("time_to_page: the stream never ran on sandbox-a")
+    time.sleep(2)  # a step or two of it counted
+    try:
+        return timed(listener, "InferenceNotGenerating", node, 120 + MON.alert_not_generating_for_s + 300,
+                     lambda: on_node(node, "pkill -STOP -f VLLM::EngineCore"))
+    finally:
+        on_node(node, "pkill -CONT -f VLLM::EngineCore")
+        done.set()
+        resolved("InferenceNotGenerating", node)
 
 
 def killed_converge(listener):
@@ -165,6 +205,8 @@ DRILLS = {  # name: (what, alert, window the rules promise, drill)
     "service_stopped": ("service stopped (sandbox-a)", "InferenceServiceDown",
                         f"facts {MON.monitoring_facts_interval_s} s + scrape {MON.prometheus_scrape_interval_s} s + "
                         f"for {MON.alert_for_s} s + group_wait {MON.alertmanager_group_wait_s} s", service_stopped),
+    "engine_hung": ("vLLM's engine stopped while it holds a request (sandbox-a)", "InferenceNotGenerating",
+                    f"stall 120 s + for {MON.alert_not_generating_for_s} s (+ scrape)", engine_hung),
     "killed_converge": ("converge killed with the door closed (sandbox-b0)", "EndpointClosed",
                         f"lease {CONFIGS['sandbox-b0'].service_switch_lease_s} s + drain "
                         f"{CONFIGS['sandbox-b0'].endpoint_drain_s} s + facts + scrape + for {MON.alert_for_s} s",
