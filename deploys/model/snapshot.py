@@ -12,7 +12,6 @@ verifier (files/model_snapshot/verify_snapshot.py, stdlib only) writes the stamp
 from __future__ import annotations
 
 import hashlib
-import json
 import posixpath
 import time
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from facts.host import FreeBytes, ManagedFiles, NodeResources
 from facts.model import ModelVerification, SeedDaemon
 from files import helper_path
 from files.model_snapshot.snapshot_manifest import OWNER_MARKER, read_manifest
+from files.model_snapshot.verify_snapshot import marker_until
 from files.model_snapshot.sync_progress import PROGRESS_EVERY_S
 
 
@@ -267,13 +267,8 @@ def upgrade_marked(manifest: str, hours: int, batch: tuple[str, ...]):
 def marker_left_s(lines: list[str] | None, now: float | None = None) -> float:
     """How long a bounded marker (``{"until": epoch}``, FileContents' lines) still counts: 0 when absent, expired or
     unreadable."""
-    try:
-        until = json.loads("\n".join(lines or [])).get("until")
-    except (ValueError, AttributeError):
-        return 0.0
-    if isinstance(until, bool) or not isinstance(until, (int, float)):
-        return 0.0
-    return max(0.0, until - (time.time() if now is None else now))
+    until = marker_until("\n".join(lines or []))  # the deep verify's own reading of the mark
+    return 0.0 if until is None else max(0.0, until - (time.time() if now is None else now))
 
 
 @operation()

@@ -29,8 +29,8 @@ def restart_reason(running: bool, start: dict, fingerprint: str, manifest: str |
     """Why the service must be started or restarted now, read from the node (None: it runs what the converge
     renders): down; started from another unit or env (a converge change, or a hand edit that was applied); the
     live model release is another commit than the inventory's ``manifest`` (sha1; the new one is staged beside, the
-    switch installs it; no live manifest: the model step installs it in place, the stamp decides); or from another verified snapshot (files repaired since it started: it may have loaded the
-    bad one)."""
+    switch installs it; no live manifest: the model step installs it in place, the stamp decides); or from another
+    verified snapshot (files repaired since it started: it may have loaded the bad one)."""
     if not running:
         return "not running"
     if start["unit"] != fingerprint:

@@ -299,17 +299,26 @@ def gate(manifest_path: str, root: str, stamp_path: str | None = None) -> tuple[
     return True, f"model snapshot {root} verified against {digest} ({len(manifest['files'])} files)"
 
 
+def marker_until(text: str) -> float | None:
+    """The end time a bounded marker's text (``{"until": epoch}``) says, else None: unreadable."""
+    try:
+        until = json.loads(text).get("until")
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(until, bool) or not isinstance(until, (int, float)):
+        return None
+    return float(until)
+
+
 def marker_in_force(path: str, now: float | None = None) -> float | None:
     """The end time of a bounded marker (``{"until": epoch}``) that still counts, else None: absent, expired or
     unreadable (a marker that cannot be read mutes nothing)."""
     try:
         with open(path) as f:
-            until = json.load(f).get("until")
-    except (OSError, ValueError, AttributeError):
+            until = marker_until(f.read())
+    except OSError:
         return None
-    if isinstance(until, bool) or not isinstance(until, (int, float)):
-        return None
-    return float(until) if (time.time() if now is None else now) < until else None
+    return until if until is not None and (time.time() if now is None else now) < until else None
 
 
 def stop_service(unit: str) -> None:
