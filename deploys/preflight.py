@@ -23,13 +23,13 @@ from deploys.run.reads import expect, operation, read
 from deploys.host_tuning import host_shm_problem
 from deploys.inventory import cluster_member_names, node_config
 from deploys.ops import fail_host
-from deploys.model.snapshot import resources_args
+from deploys.model.snapshot import MANIFEST, model_files, resources_args, unchanged_bytes
 from deploys.nvidia_driver import packages_differ_message
 from deploys.run.state import kept
 from deploys.schema import NodeConfig
 from facts.apt import AptSourcesNaming
 from facts.containers import JsonRecord, PodmanVersion
-from facts.host import ExistingPaths, InterfaceAddresses, MountSizeBytes, NodeResources, NodeResourcesDict
+from facts.host import ExistingPaths, InterfaceAddresses, ManagedFiles, MountSizeBytes, NodeResources, NodeResourcesDict
 from facts.nvidia import (KernelPackages, NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmiGpus, SecureBoot,
                           driver_state)
 
@@ -84,9 +84,10 @@ def own_address_problems(cfg: NodeConfig, addresses: list[str]) -> list[str]:
 
 
 def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: dict | None = None,
-                 addresses: list[str] | None = None, devices: list[str] | None = None) -> list[str]:
+                 addresses: list[str] | None = None, devices: list[str] | None = None, unchanged: int = 0) -> list[str]:
     """What stops this host from running its profile (empty when it can). ``devices``: which of
-    ``cfg.container_devices`` exist on the node."""
+    ``cfg.container_devices`` exist on the node. ``unchanged``: bytes of the asked commit a `plain` directory holding
+    another commit already has (``unchanged_bytes``: linked or kept, not fetched)."""
     out = []
     missing_devices = [d for d in cfg.container_devices if d not in (devices or [])]
     if missing_devices:
@@ -110,11 +111,12 @@ def problems_for(cfg: NodeConfig, res: NodeResourcesDict, shm_bytes: int, smi: d
     arch = ARCH_ALIASES.get(res["arch"], res["arch"])
     if arch != cfg.node_arch:
         out.append(f"arch is {res['arch']}, the profile needs {cfg.node_arch} (node_arch)")
-    need = max(0, int(cfg.model_size_gb * 1e9) - res["model_present_bytes"])
+    held = res.get("model_held_commit")
+    need = max(0, int(cfg.model_size_gb * 1e9) - res["model_present_bytes"] - (unchanged if held else 0))
     if res["disk_free_bytes"] < need:
-        held = res.get("model_held_commit")
         beside = (f"; the directory holds commit {held[:12]}, kept beside the new one for a rollback until the new "
-                  "release passed the serving gate" if held else "")
+                  f"release passed the serving gate ({unchanged} bytes of it unchanged, not fetched again)"
+                  if held else "")
         out.append(
             f"too little disk for the model at {cfg.model_root}: {res['disk_free_bytes']} bytes free at "
             f"{res['disk_path']}, {need} bytes still needed for commit {cfg.model_revision[:12]} (model_size_gb "
@@ -203,6 +205,8 @@ def preflight():
             (SecureBoot, {}), (PodmanVersion, {}),
             (OsRelease, {}),  # the driver deploy reads it while preparing (its repo path): no round trip of its own
             (JsonRecord, {"path": failed_release_path(cfg)}),  # the next step's (deploys/failed_release.py) likewise
+            (JsonRecord, {"path": MANIFEST}),  # the live commit's files: what a `plain` upgrade need not fetch
+            (ManagedFiles, {"paths": model_files(cfg)}),  # the model step's, read while it plans (model_state)
             (AptSourcesNaming, sources_args(cfg))])
     res = read(host, NodeResources, **resources)
     shm_bytes = read(host, MountSizeBytes, path="/dev/shm")
@@ -216,6 +220,7 @@ def preflight():
     secure_boot = read(host, SecureBoot)
     podman = read(host, PodmanVersion)
     foreign = read(host, AptSourcesNaming, **sources_args(cfg))
+    unchanged = unchanged_bytes(cfg, read(host, JsonRecord, path=MANIFEST)) if res.get("model_held_commit") else 0
 
     # every fact is read above: a fact read yields to the other hosts, which must not see this host's row
     # before its problems
@@ -225,7 +230,7 @@ def preflight():
         run.notes[host.name] = (f"apt entries for the NVIDIA repos beside the toolkit's own (a second Signed-By for "
                                 f"one URI breaks apt), disabled by this run, entry by entry: "
                                 f"{', '.join(foreign['entries'])}")
-    run.problems[host.name] = (problems_for(cfg, res, shm_bytes, smi, addresses, devices)
+    run.problems[host.name] = (problems_for(cfg, res, shm_bytes, smi, addresses, devices, unchanged)
                                + driver_problems(cfg, state, secure_boot, nvswitch))
     cluster_fits(name="Preflight: every member of this cluster can run it", cluster=cfg.cluster_name,
                  members=cluster_member_names())

@@ -43,9 +43,11 @@ def control_snapshot(cfg: NodeConfig, state) -> str:
         return fetched[key]
 
 
-def rsync_plan(cfg: NodeConfig, control_dir: str, refetch: list[str]) -> tuple[str, str, list[str], list[str]]:
-    """(source root, node destination, paths relative to the source, rsync flags) for the layout. ValueError
-    for a path that resolves outside the control copy's repo folder: nothing else of the control node is sent."""
+def rsync_plan(cfg: NodeConfig, control_dir: str, refetch: list[str],
+               dest: str | None = None) -> tuple[str, str, list[str], list[str]]:
+    """(source root, node destination, paths relative to the source, rsync flags) for the layout (``dest``: a
+    `plain` layout's staged tree instead of the live directory). ValueError for a path that resolves outside the
+    control copy's repo folder: nothing else of the control node is sent."""
     repo_root = os.path.dirname(os.path.dirname(control_dir))  # models--ORG--NAME
     real_root = os.path.realpath(repo_root)
     blobs = {}
@@ -54,7 +56,7 @@ def rsync_plan(cfg: NodeConfig, control_dir: str, refetch: list[str]) -> tuple[s
         if not inside(blobs[rel], real_root):
             raise ValueError(f"{control_dir}/{rel} resolves to {blobs[rel]}, outside {repo_root}: refused")
     if cfg.model_layout == "plain":
-        return control_dir, cfg.model_root, sorted(refetch), ["-aL"]
+        return control_dir, dest or cfg.model_root, sorted(refetch), ["-aL"]
     paths = []
     for rel, blob in blobs.items():
         paths.append(f"{cfg.snapshot_subdir}/{rel}")
@@ -62,15 +64,16 @@ def rsync_plan(cfg: NodeConfig, control_dir: str, refetch: list[str]) -> tuple[s
     return repo_root, cfg.model_dir, paths, ["-a"]
 
 
-def push_from_control(state, host, refetch: list[str]) -> bool:
-    """Rsync ``refetch`` from the verified control-node copy to ``host`` (a FunctionCommand's body; False fails it)."""
+def push_from_control(state, host, refetch: list[str], dest: str | None = None) -> bool:
+    """Rsync ``refetch`` from the verified control-node copy to ``host``, into ``dest`` where the model step syncs
+    (``snapshot_synced``'s dest_dir; a FunctionCommand's body; False fails it)."""
     cfg = node_config(host)
     try:
         control_dir = control_snapshot(cfg, state)
     except ControlNodeError as e:
         return host_failed(host, f"control-node download failed: {e}")
     try:
-        src, dest, paths, flags = rsync_plan(cfg, control_dir, refetch)
+        src, dest, paths, flags = rsync_plan(cfg, control_dir, refetch, dest if cfg.model_layout == "plain" else None)
     except ValueError as e:
         return host_failed(host, f"control-node copy refused: {e}")
     follow = "-aL" in flags  # plain: links in the control cache are sent as the files; hf_cache: as links + blobs

@@ -31,7 +31,7 @@ from deploys.schema import NodeConfig
 from facts.host import FreeBytes, ManagedFiles, NodeResources
 from facts.model import ModelVerification, SeedDaemon
 from files import helper_path
-from files.model_snapshot.snapshot_manifest import OWNER_MARKER, read_manifest
+from files.model_snapshot.snapshot_manifest import KEPT_TREES, OWNER_MARKER, read_manifest
 from files.model_snapshot.verify_snapshot import marker_until
 from files.model_snapshot.sync_progress import PROGRESS_EVERY_S
 
@@ -90,6 +90,36 @@ def model_state(cfg: NodeConfig, live_manifest: dict | None) -> ModelState:
     return staged_state(cfg.model_revision) if other else LIVE
 
 
+def kept_tree(cfg: NodeConfig, revision: str) -> str | None:
+    """Where a `plain` layout keeps a commit as a tree of hard links beside the live directory: a release's, to roll
+    back to, and the commit staged for the next switch (None: `hf_cache` keeps each commit in its own snapshot)."""
+    return None if cfg.model_layout == "hf_cache" else f"{cfg.model_dir}/{KEPT_TREES}/{revision}"
+
+
+def staged_tree(cfg: NodeConfig, state: ModelState, fanout_waves: int) -> str | None:
+    """Where a `plain` layout syncs another commit while the live directory keeps serving the old one: its kept
+    tree, seeded with the live files the new commit keeps (hard links: only changed bytes are fetched), linked over
+    the live directory at the switch. None: in place (`hf_cache` stages in its own snapshot; a repair of what serves
+    or a first sync has no release to keep; a run with a node-to-node fan-out still syncs in place, its peers serving
+    their live directories)."""
+    if state == LIVE or cfg.model_layout != "plain" or (cfg.model_sync_mode == "push" and fanout_waves > 1):
+        return None
+    return kept_tree(cfg, cfg.model_revision)
+
+
+def unchanged_bytes(cfg: NodeConfig, live_manifest: dict) -> int:
+    """Bytes of the inventory's commit that a `plain` directory holding another commit already has: the files whose
+    path, size and hash the live manifest (``live_manifest``, as the node keeps it) shares with the inventory's. The
+    sync links those from the live directory (``tree_seeded``) or keeps them in place, and fetches the others. Sizes
+    are the inventory's trusted manifest's; 0 for `hf_cache` (a snapshot per commit) or without a manifest."""
+    if cfg.model_layout != "plain" or cfg.model_manifest is None or not isinstance(live_manifest.get("files"), list):
+        return 0
+    live = {(e.get("path"), e.get("size"), e.get("sha256"), e.get("git_sha1"))
+            for e in live_manifest["files"] if isinstance(e, dict)}
+    return sum(e["size"] for e in read_manifest(cfg.model_manifest)["files"]
+               if (e["path"], e["size"], e.get("sha256"), e.get("git_sha1")) in live)
+
+
 HUB_DOWNLOAD = f"{NODE_LIB}/hub_download.py"
 HUB_TOKEN = "/etc/inference-nodes/secrets/hf-token"
 
@@ -130,6 +160,30 @@ def render_gate(snapshot_dir: str) -> str:
     )
 
 
+def verdict_reads(cfg: NodeConfig, state: ModelState, snapshot_dir: str) -> dict:
+    """ModelVerification's arguments for the files of ``state``'s commit in ``snapshot_dir`` (one read per run)."""
+    return dict(verifier=VERIFIER, manifest=state.manifest, snapshot_dir=snapshot_dir, stamp=state.stamp,
+                record=state.record, full=cfg.model_verify_full, stale_after_s=max_age_s(cfg),
+                max_rate=cfg.model_deep_verify_max_mbps)
+
+
+@operation()
+def tree_seeded(state: ModelState, tree: str, live: str):
+    """Before another commit is synced into its staged tree (``staged_tree``), the live files it keeps are linked
+    in (same path, same size; the staged verify hashes them): the sync then fetches, and the free-space check
+    counts, only the changed files, and the live directory is not touched until the switch.
+
+    + state: the staged commit's manifest, stamp and record
+    + tree: the staged tree
+    + live: the live directory (``NodeConfig.snapshot_dir``)
+    """
+    result = read(host, ModelVerification, **verdict_reads(node_config(), state, tree), plan=True)
+    if result.get("ok") or not result.get("refetch"):
+        host.noop(f"the staged tree {tree} lacks no file")
+        return
+    yield StringCommand("python3", VERIFIER, state.manifest, QuoteString(tree), "--seed-from", QuoteString(live))
+
+
 @operation()
 def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, state: ModelState = LIVE, wave: int = 0,
                     assignment: model_fanout.Assignment | None = None, batch: tuple[str, ...] = ()):
@@ -151,10 +205,7 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, state: ModelSta
     if result is None:
         # the plan writes and hashes nothing (a plan that re-hashed would also rewrite the stamp of the snapshot that
         # is serving); where the stamp cannot vouch, the hashing verdict is read when the run executes
-        cfg = node_config()
-        verdict = dict(verifier=VERIFIER, manifest=state.manifest, snapshot_dir=snapshot_dir, stamp=state.stamp,
-                       record=state.record,
-                       full=cfg.model_verify_full, stale_after_s=max_age_s(cfg), max_rate=cfg.model_deep_verify_max_mbps)
+        verdict = verdict_reads(node_config(), state, snapshot_dir)
         result = read(host, ModelVerification, **verdict, plan=True)
         if result.get("needs_hash") and this_run().is_executing:
             result = read(host, ModelVerification, **verdict)
@@ -201,7 +252,7 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, state: ModelSta
     if refetch and mode == "push" and assignment.source:
         yield FunctionCommand(model_fanout.pull_from_peer, (assignment.source, refetch, state.manifest), {})
     elif refetch and mode == "push":
-        yield FunctionCommand(model_push.push_from_control, (refetch,), {})
+        yield FunctionCommand(model_push.push_from_control, (refetch, dest_dir), {})
     elif refetch:
         cfg = node_config()
         # orphaned partial downloads are never resumed by huggingface_hub: clear them first
@@ -209,7 +260,8 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, state: ModelSta
         token = HUB_TOKEN if cfg.model_hub_token_file else ""
         yield shown(StringCommand(f"{cfg.model_hub_venv}/bin/python", HUB_DOWNLOAD, "--expect-bytes", str(needed),
                                   QuoteString(cfg.model_repo), cfg.model_revision,
-                                  cfg.model_layout, QuoteString(cfg.hub_download_dir),
+                                  cfg.model_layout, QuoteString(dest_dir if cfg.model_layout == "plain" else
+                                                                cfg.hub_download_dir),
                                   QuoteString(cfg.model_hub_endpoint), token))
     rate = node_config().model_deep_verify_max_mbps
     yield shown(StringCommand("python3", VERIFIER, state.manifest, QuoteString(snapshot_dir), "--stamp", state.stamp,
@@ -271,6 +323,14 @@ def marker_left_s(lines: list[str] | None, now: float | None = None) -> float:
     return 0.0 if until is None else max(0.0, until - (time.time() if now is None else now))
 
 
+def model_files(cfg: NodeConfig) -> tuple[str, ...]:
+    """The model step's managed files, read in one round trip; preflight reads them with its own facts, so the
+    step's choice between the live place and a staged one (``model_state``, made while the run is planned) costs
+    no command of its own."""
+    return (*(f"{NODE_LIB}/{name}" for name in VERIFIER_FILES), MANIFEST, staged_state(cfg.model_revision).manifest,
+            HUB_DOWNLOAD, model_fanout.PEER_PULL, owner_marker(cfg.model_dir))
+
+
 @operation()
 def cluster_model_changes_whole(cluster: str, members: list[str], held: str | None, revision: str):
     """A multi-node cluster on the `plain` layout changes its model commit as one: the sync rewrites the directory
@@ -301,8 +361,7 @@ def model_snapshot():
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
     packages_installed(name="Install what the verifier and rsync need", packages=["python3", "rsync"])
     verifier = [f"{NODE_LIB}/{name}" for name in VERIFIER_FILES]
-    staged = staged_state(cfg.model_revision)
-    batch = (*verifier, MANIFEST, staged.manifest, HUB_DOWNLOAD, model_fanout.PEER_PULL, owner_marker(cfg.model_dir))
+    batch = model_files(cfg)
     # not the verification itself: it may re-hash every file, and would run twice if a command ran in between
     expect([*APT_READS, (ManagedFiles, {"paths": batch}), (Directory, {"path": posixpath.dirname(STAMP)}),
             (File, {"path": HUB_TOKEN}), (SeedDaemon, {"unit": model_fanout.SEED_UNIT, "secret_dir": model_fanout.SEED_DIR})])
@@ -317,7 +376,10 @@ def model_snapshot():
     upgrade_marked(name="Mark a model upgrade in progress (the scheduled deep verify waits for the switch)",
                    manifest=cfg.model_manifest, hours=cfg.model_upgrade_marker_h, batch=batch)
     # the live release keeps its manifest, stamp and start gate until its switch: another commit is staged beside
+    # (and in the `plain` layout, its files in a tree beside the live directory)
     state = model_state(cfg, read(host, ManagedFiles, paths=batch).get(MANIFEST))
+    waves, plan = model_fanout.run_plan()
+    tree = staged_tree(cfg, state, waves)
     atomic_put(batch=batch, name="Install the trusted manifest (another commit's: staged beside the live one)",
               src=cfg.model_manifest, dest=state.manifest, user="root", group="root", mode="0644",
               create_remote_dir=True)
@@ -338,7 +400,9 @@ def model_snapshot():
         atomic_put(batch=batch, name="Install the peer pull helper (push fan-out)",
                   src=helper_path("model_snapshot/peer_pull.py"), dest=model_fanout.PEER_PULL,
                   user="root", group="root", mode="0755")
-    waves, plan = model_fanout.run_plan()
+    if tree:
+        tree_seeded(name="Link the live files the new commit keeps into its staged tree", state=state, tree=tree,
+                    live=cfg.snapshot_dir)
     for wave in range(waves):
         of = f" (wave {wave + 1} of {waves})" if waves > 1 else ""
         if wave > 0:
@@ -352,8 +416,8 @@ def model_snapshot():
         snapshot_synced(
             name=f"Sync and verify the model snapshot{of}",
             mode=cfg.model_sync_mode,
-            snapshot_dir=cfg.snapshot_dir,
-            dest_dir=cfg.model_dir,
+            snapshot_dir=tree or cfg.snapshot_dir,
+            dest_dir=tree or cfg.model_dir,
             state=state,
             wave=wave,
             assignment=plan.get(host.name),

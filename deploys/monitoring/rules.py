@@ -52,7 +52,8 @@ def alert_rules(me: NodeConfig) -> list[dict]:
         ("ServingGateFailed", "inference_nodes_serving_gate_ok == 0", 0, "critical",
          "the last serving gate on {{ $labels.host }} failed (see the converge's output and the service journal)"),
         ("DeepVerifyBad", "inference_nodes_deep_verify_ok == 0", 0, "critical",
-         "the last deep verify on {{ $labels.host }} found model files that differ from the pinned manifest"),
+         "the last deep verify on {{ $labels.host }} found model files of commit {{ $labels.commit }} (the release "
+         "that serves) that differ from its manifest"),
         ("DeepVerifyOverdue", "time() - inference_nodes_deep_verify_timestamp_seconds > "
          "inference_nodes_deep_verify_max_age_seconds", 0, "warning",
          "the last deep verify on {{ $labels.host }} is older than its schedule allows"),

@@ -12,12 +12,11 @@ import shlex
 from datetime import datetime, timezone
 
 from deploys.model import integrity as model_integrity
-from deploys.model.snapshot import COMMITS_DIR, GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER, ModelState
+from deploys.model.snapshot import COMMITS_DIR, GATE, MANIFEST, PRUNER, RECORD, STAMP, VERIFIER, ModelState, kept_tree
 from deploys.ops import content_fingerprint, files_fingerprint_command, follow_up_stamp
 from deploys.run.held import release_api_of
 from deploys.schema import NodeConfig
 from deploys.service.unit import QUADLET_STAMP, UNIT_DIR, served_model_name, service_env_path
-from files.model_snapshot.snapshot_manifest import KEPT_TREES
 
 
 def gate_record_path(cfg: NodeConfig) -> str:
@@ -84,11 +83,6 @@ def release_history_path(cfg: NodeConfig) -> str:
     return f"{RELEASES_DIR}/{cfg.container_name}/history.json"
 
 
-def kept_tree(cfg: NodeConfig, revision: str) -> str | None:
-    """Where a `plain` layout keeps a release's model commit as hard links (None: `hf_cache` keeps its own)."""
-    return None if cfg.model_layout == "hf_cache" else f"{cfg.model_dir}/{KEPT_TREES}/{revision}"
-
-
 HISTORY_KEYS = ("release", "image", "model_repo", "model_revision", "manifest_sha256", "unit", "passed_at")
 def save_good_command(cfg: NodeConfig, passed: dict) -> str:
     """Keep the release that just passed the gate as the last good one: a `plain` layout's model commit linked
@@ -125,13 +119,20 @@ def restore_good_command(cfg: NodeConfig, good: dict) -> str:
             f"systemctl restart {cfg.container_name}.service")
 
 
-def model_switch_command(staged: ModelState) -> str:
-    """Shell: the staged commit becomes the live model release, behind the closed door just before the restart: its
-    verify stamp and deep-verify record, then its manifest (each through a temporary and a rename; the manifest
-    last, so a run killed in between leaves the live manifest another commit's and the next converge switches
-    again), then the staged state goes. Refused, changing nothing, when the commit was not verified."""
+def model_switch_command(staged: ModelState, live_dir: str | None = None, tree: str | None = None) -> str:
+    """Shell: the staged commit becomes the live model release, behind the closed door just before the restart: a
+    `plain` layout's live directory linked from the staged tree where the staged stamp vouches for that tree (the
+    model step synced it there: ``staged_tree``; else it synced in place), then its verify stamp and deep-verify
+    record, then its manifest (each through a temporary and a rename; the manifest last, so a run killed in between
+    leaves the live manifest another commit's and the next converge switches again), then the staged state goes.
+    Refused, changing nothing, when the commit was not verified."""
     check = (f"{{ [ -f {staged.manifest} ] && [ -f {staged.stamp} ]; }} || {{ echo 'the new model commit was not "
              f"verified ({posixpath.dirname(staged.stamp)}): its sync must pass first' >&2; exit 1; }}")
+    if live_dir and tree:
+        t = shlex.quote(tree)
+        check += (f" && {{ ! [ -d {t} ] || ! python3 {VERIFIER} {staged.manifest} {t} --gate --stamp {staged.stamp} "
+                  f"> /dev/null 2>&1 || python3 {VERIFIER} {staged.manifest} {shlex.quote(live_dir)} --link-from {t} "
+                  f"> /dev/null; }}")
     record = (f"{{ if [ -f {staged.record} ]; then install -m 0644 {staged.record} {RECORD}.switch && "
               f"mv -f {RECORD}.switch {RECORD}; else rm -f {RECORD}; fi; }}")
     installs = " && ".join(f"install -m 0644 {src} {dest}.switch && mv -f {dest}.switch {dest}"

@@ -13,7 +13,7 @@ from pyinfra.facts.files import FileContents, Sha256File
 from pyinfra.facts.systemd import SystemdStatus
 
 from deploys.inventory import node_config
-from deploys.model.snapshot import GATE, MANIFEST, STAMP, manifest_sha1, staged_state
+from deploys.model.snapshot import GATE, MANIFEST, STAMP, kept_tree, manifest_sha1, staged_state
 from deploys.ops import (cluster_all_here, follow_up_record_command, follow_up_stamp, host_failed, staged_path,
                          sudo_args)
 from deploys.run.reads import operation, read, run_on
@@ -180,7 +180,8 @@ def model_release_switched(batch: tuple[str, ...]):
     if cfg.model_manifest is None or live is None or live["sha1"] == manifest_sha1(cfg):
         host.noop("the live model release is the inventory's commit (or none: the model step installs it in place)")
         return
-    yield StringCommand("sh", "-c", QuoteString(model_switch_command(staged_state(cfg.model_revision))))
+    yield StringCommand("sh", "-c", QuoteString(model_switch_command(staged_state(cfg.model_revision), cfg.snapshot_dir,
+                                                                     kept_tree(cfg, cfg.model_revision))))
 
 
 @operation()

@@ -47,6 +47,32 @@ def link_tree(paths: list[str], src: str, dest: str, files_in_dest: set[str]) ->
         os.unlink(os.path.join(dest, rel))
 
 
+def seed_tree(files: list[dict], src: str, dest: str) -> list[str]:
+    """Link into ``dest`` (a `plain` layout's staged commit) each manifest file (``{"path", "size"}``) that ``dest``
+    lacks and ``src`` (the live directory) holds as a regular file of the manifest's size: the unchanged files of a
+    new commit cost no bytes and no download. Sizes only, no hashing: the staged verify hashes the tree, and a sync
+    replaces a file by rename, never in place, so the live inode keeps its content. Returns the paths linked."""
+    linked = []
+    for entry in files:
+        rel = entry["path"]
+        source, target = os.path.join(src, rel), os.path.join(dest, rel)
+        if os.path.lexists(target) or os.path.islink(source):
+            continue
+        try:
+            if not os.path.isfile(source) or os.stat(source).st_size != entry["size"]:
+                continue
+        except OSError:
+            continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.link-tmp"
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.link(source, tmp)
+        os.replace(tmp, target)
+        linked.append(rel)
+    return linked
+
+
 def _cache_links(snapshot: str) -> set[str]:
     """The blob names the links of one cache snapshot point to."""
     out = set()

@@ -6,6 +6,7 @@
     verify_snapshot.py MANIFEST DIR --gate [--stamp FILE]
     verify_snapshot.py --remove WITHIN -- MANIFEST DIR PATH...
     verify_snapshot.py MANIFEST DIR --link-from SRC
+    verify_snapshot.py MANIFEST DIR --seed-from SRC
 
 Checks, in order: the file set (missing and extra files), sizes, the safetensors index's weight map
 against the manifest's shards, then content hashes (sha256 for LFS files, git blob sha1 for small
@@ -19,6 +20,8 @@ size/mtime/inode (the service's start precondition), and names the files that di
 --remove deletes bad and extra files before a fetch, never through a link out of DIR (remove_paths).
 --link-from makes DIR hold the manifest's files as hard links of SRC's and nothing else (a `plain` layout's kept
 commit, and its rollback: snapshot_releases.py). It hashes nothing: SRC is a snapshot the verifier passed.
+--seed-from links into DIR (another commit staged beside the live SRC) the manifest's files DIR lacks and SRC holds
+at the manifest's size: only the changed files are fetched (seed_tree). It hashes nothing: the staged verify does.
 
 The manifest is data, never trusted with paths: snapshot_manifest.py checks it and the snapshot's links.
 Exit status: 0 good, 1 bad, 2 usage/manifest error.
@@ -46,12 +49,12 @@ if __package__:
     from .snapshot_hashing import RateLimit, default_jobs, hash_file
     from .snapshot_manifest import (IGNORED_DIRS, OWNER_MARKER, STAMP_NAME, link_boundary, link_problem, manifest_digest,
                                     read_manifest, remove_paths, shown)
-    from .snapshot_releases import link_tree
+    from .snapshot_releases import link_tree, seed_tree
 else:
     from snapshot_hashing import RateLimit, default_jobs, hash_file
     from snapshot_manifest import (IGNORED_DIRS, OWNER_MARKER, STAMP_NAME, link_boundary, link_problem, manifest_digest,
                                    read_manifest, remove_paths, shown)
-    from snapshot_releases import link_tree
+    from snapshot_releases import link_tree, seed_tree
 
 
 def list_files(root: str) -> set[str]:
@@ -354,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--remove", metavar="WITHIN", help="delete PATH... from DIR (a link's target too if it is "
                                                        "inside WITHIN); put `--` before MANIFEST")
     ap.add_argument("--link-from", metavar="SRC", help="make DIR the manifest's files as hard links of SRC's")
+    ap.add_argument("--seed-from", metavar="SRC", help="link SRC's files of the manifest's size that DIR lacks")
     ap.add_argument("paths", nargs="*", metavar="PATH")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quiet", action="store_true")
@@ -377,6 +381,11 @@ def main(argv: list[str] | None = None) -> int:
             paths = [e["path"] for e in read_manifest(args.manifest)["files"]]
             link_tree(paths, args.link_from, args.dir, list_files(args.dir) if os.path.isdir(args.dir) else set())
             print(f"linked {len(paths)} files of {args.link_from} into {args.dir}")
+            return 0
+        if args.seed_from:
+            files = read_manifest(args.manifest)["files"]
+            linked = seed_tree(files, args.seed_from, args.dir)
+            print(f"seeded {len(linked)} of {len(files)} files from {args.seed_from} into {args.dir}")
             return 0
         if args.gate:
             ok, message = gate(args.manifest, args.dir, args.stamp)

@@ -259,7 +259,10 @@ def deep_verify_samples(path: str) -> list[Sample]:
     at = epoch(record.get("at"))
     if verdict is None:
         raise ValueError(f"{path}: verdict {record.get('verdict')!r} is neither 'ok' nor 'bad'")
-    return [("deep_verify_ok", {}, verdict)] + ([("deep_verify_timestamp_seconds", {}, at)] if at is not None else [])
+    # the commit it checked (the live release's: the deep verify follows the live manifest), so DeepVerifyBad names it
+    commit = record.get("commit")
+    labels = {"commit": commit} if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}", commit) else {}
+    return [("deep_verify_ok", labels, verdict)] + ([("deep_verify_timestamp_seconds", {}, at)] if at is not None else [])
 
 
 def serving_gate_samples(path: str) -> list[Sample]:

@@ -144,6 +144,7 @@ def test_unit_reads_answered_together_are_what_pyinfra_reads_for_each(sandbox):
         assert [answers[read_key(cls, kw)] for cls, kw in reads] == expected
 
 
+@pytest.mark.lifecycle  # a change to any step's reads shows here first
 def test_second_converge_reports_zero_changes_in_a_few_commands_per_node(sandbox, tmp_path):
     """Zero changes; and each node's facts came in a few commands (the ones each component expects, read
     together: deploys/run/reads.py), not one round trip per fact (51 before). Counted by the bench's

@@ -21,7 +21,7 @@ from datetime import datetime
 import pytest
 
 from deploys import serving_gate
-from deploys.endpoint import RETRY_AFTER_S, RETRY_AFTER_STEPS
+from deploys.endpoint import CLOSED_DIR, RETRY_AFTER_S, RETRY_AFTER_STEPS
 from deploys.model.snapshot import COMMITS_DIR
 from deploys.service.door import retry_after_s
 from tests.node.conftest import INVENTORY, PYINFRA, SANDBOX_DIR, changed_operations, inventory_copy, on_node, pyinfra
@@ -442,7 +442,10 @@ def test_a_silent_flip_is_found_by_the_deep_verify_which_stops_the_service_until
     with WebhookListener() as hook:
         t0 = time.time()
         _silent_flip_found_and_repaired(node)
-        hook.wait_for("DeepVerifyBad", node, "firing", timeout=90, since=t0)  # sent at once: kept by the listener
+        fired = hook.wait_for("DeepVerifyBad", node, "firing", timeout=90, since=t0)  # sent at once: kept by the listener
+        # it names the commit that serves (issue 52 slice 5)
+        assert fired["labels"].get("commit") == SNAPSHOT_A.rstrip("/").rsplit("/", 1)[-1], fired
+        assert fired["labels"]["commit"] in fired["annotations"]["summary"], fired
         hook.wait_for("DeepVerifyBad", node, "resolved", timeout=90, since=t0)
 
 
@@ -610,11 +613,45 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node)) == []
 
 
+class InodeWatch:
+    """Every second until stopped: when ``command``'s output first changed on each node (wall clock), and when the
+    head's door closed (its closed flag's mtime, read while it exists)."""
+
+    def __init__(self, nodes, command: str, before: dict, head: str, flag: str):
+        import threading
+
+        self.command, self.seen, self.head, self.flag = command, dict(before), head, flag
+        self.changed: dict[str, float] = {}
+        self.door_closed: float | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, args=(list(nodes),), daemon=True)
+
+    def _poll(self, nodes) -> None:
+        while not self.stop.wait(1.0):
+            for n in nodes:
+                if n == self.head and self.door_closed is None:
+                    closed = on_node(n, f"stat -c %Y {self.flag} 2>/dev/null").stdout.strip()
+                    self.door_closed = float(closed) if closed else None
+                out = on_node(n, self.command).stdout
+                if out and out != self.seen[n] and n not in self.changed:
+                    self.changed[n] = time.time()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+
 @pytest.mark.lifecycle
 @pytest.mark.pair
 def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbox):
-    """The pair upgraded to the scrambled commit: both nodes sync it over the `plain` directory (the good commit is
-    kept as hard links beside), restart, and the head's gate fails on coherence. Both roll back, the worker first:
+    """The pair upgraded to the scrambled commit: both nodes sync it into a tree beside the `plain` directory (issue
+    52 slice 4: the unchanged files as hard links of the live ones, only the changed ones fetched), so the live
+    directory keeps its inodes until the switch (watched every second: none changes before the head's door closed),
+    where it is linked from that tree; both restart, and the head's gate fails on coherence. Both roll back, the worker first:
     the good commit is linked back (the very files that passed), both restart and form one job again, and the head
     passes the gate; the host's error says so. A client on the head's usual loopback port (its door: the pair has
     no endpoint) sees good answers, then the closed door's JSON 503, then good answers again: never one from the
@@ -629,11 +666,17 @@ def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbo
     crashes = unplanned_restarts("sandbox-b0")
     manifest = f"{SANDBOX_DIR}/manifests/deepseek-ai--DeepSeek-V4-Flash-0731@{BROKEN_COMMIT}.json"
     expected = last_switch_s("sandbox-b0")
-    with EndpointClient("sandbox-b0", door=True) as client:
+    flag = f"{CLOSED_DIR}/{UNITS['sandbox-b0'].removesuffix('.service')}.closed"  # (closed_flag_path)
+    with EndpointClient("sandbox-b0", door=True) as client, InodeWatch(pair, inodes, before, "sandbox-b0", flag) as watch:
         proc = pyinfra(INVENTORY, "deploys/all.py", "--limit", "gb10_dspark", "--data",
                        f"model_revision={BROKEN_COMMIT}", "--data", f"model_manifest={manifest}", check=False)
         time.sleep(3)
     rode_through(client, "a client on the pair head's door", "sandbox-b0", expected)
+    assert sorted(watch.changed) == list(pair), f"the switch linked the scrambled commit in on both: {watch.changed}"
+    assert watch.door_closed is not None and all(t >= watch.door_closed for t in watch.changed.values()), \
+        f"a live directory changed before the head's door closed: {watch.changed}, closed at {watch.door_closed}"
+    assert all(on_node(n, f"test -f {plain}/.inference-nodes-releases/{BROKEN_COMMIT}/config.json").returncode == 0
+               for n in pair), "the scrambled commit was staged in its own tree"
     assert "[sandbox-b0] closed the door to new requests" in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "sandbox-b0: inference.service answers /health but failed the serving gate: " in proc.stderr, proc.stderr[-3000:]
@@ -651,6 +694,13 @@ def test_a_pair_whose_new_release_fails_rolls_back_together_workers_first(sandbo
     # where the head's vLLM exited as its worker restarted and systemd restarted it, that was planned work, marked
     # before the workers went: InferenceServiceRestarting does not count it (issue 53; the heal drill below makes one)
     assert unplanned_restarts("sandbox-b0") == crashes, "the switch's restarts counted as crashes"
+    # the inventory as it is: the scrambled commit's staged tree goes (neither asked for nor named by a release that
+    # passed), the good commit's stays; then nothing changes
+    pruned = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", "gb10_dspark"))
+    assert pruned == [("Inference service | Prune releases beyond the newest 2 (model commits, images)", list(pair))], \
+        pruned
+    assert all(on_node(n, f"test ! -e {plain}/.inference-nodes-releases/{BROKEN_COMMIT} && test -d {kept}").returncode
+               == 0 for n in pair)
     assert changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", "gb10_dspark")) == []
 
 

@@ -1,5 +1,6 @@
 """Fact parsers on real command output, and preflight's refusal rules."""
 
+import json
 import os
 import subprocess
 
@@ -197,3 +198,29 @@ def test_a_plain_directory_holding_another_commit_counts_nothing_as_present(tmp_
     assert f"100000000000 bytes still needed for commit {cfg.model_revision[:12]}" in problem
     assert "the directory holds commit aaaaaaaaaaaa, kept beside the new one for a rollback" in problem
     assert "revision" not in resources_args(CFG)  # hf_cache: a directory per commit
+
+
+def test_a_plain_upgrade_needs_room_for_the_changed_files_only(tmp_path):
+    """Issue 52 slice 4: the files a new commit shares with the one a `plain` directory holds (same path, size and
+    hash in both manifests) are linked, not fetched: preflight asks room for the rest. The live manifest is node
+    data: a file it claims at another hash or size, or junk, counts for nothing."""
+    from deploys.model.snapshot import unchanged_bytes
+
+    shard = lambda i, h, n: {"path": f"model-0000{i}.safetensors", "size": n, "sha256": h * 64}  # noqa: E731
+    new = {"repo": "deepseek-ai/DeepSeek-V4-Flash-0731", "commit": "b" * 40,
+           "files": [shard(1, "1", 40 * 10**9), shard(2, "2", 40 * 10**9), shard(3, "3", 20 * 10**9)]}
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    cfg = CFG.model_copy(update={"model_layout": "plain", "model_root": "/srv/m", "model_size_gb": 100,
+                                 "model_manifest": str(tmp_path / "new.json")})
+    live = {"commit": "a" * 40, "files": [shard(1, "1", 40 * 10**9), shard(2, "f", 40 * 10**9),
+                                          shard(3, "3", 21 * 10**9), "junk"]}
+    assert unchanged_bytes(cfg, live) == 40 * 10**9  # shard 2 changed its hash, shard 3 its size
+    assert unchanged_bytes(cfg, {}) == 0 and unchanged_bytes(cfg, {"files": "x"}) == 0
+    assert unchanged_bytes(cfg.model_copy(update={"model_layout": "hf_cache"}), live) == 0
+    held = _res(disk_free_bytes=60 * 10**9 + 1, model_present_bytes=0, model_held_commit="a" * 40)
+    assert problems_for(cfg, held, 16 * 2**30, unchanged=40 * 10**9) == []
+    (problem,) = problems_for(cfg, {**held, "disk_free_bytes": 59 * 10**9}, 16 * 2**30, unchanged=40 * 10**9)
+    assert "60000000000 bytes still needed" in problem and "40000000000 bytes of it unchanged" in problem
+    (problem,) = problems_for(cfg, {**held, "model_held_commit": None, "disk_free_bytes": 59 * 10**9}, 16 * 2**30,
+                              unchanged=40 * 10**9)  # nothing held: nothing to link from
+    assert "100000000000 bytes still needed" in problem

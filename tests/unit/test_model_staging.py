@@ -164,3 +164,99 @@ def test_the_deep_verify_checks_the_live_commits_snapshot_not_the_inventorys(tmp
     assert json.loads(open(places[RECORD]).read())["commit"] == A
     inventorys = [places[c.snapshot_dir] if a == str(model_dir) else a for a in argv if a != "--hf-snapshot"]
     assert subprocess.run(inventorys, capture_output=True, text=True).returncode == 1  # what slice 5 mends
+
+
+FILES_B_PLAIN = {**FILES_B, "config.json": b'{"a": 2}'}  # changed at the same size: seeded, then found bad
+
+
+def inodes(root) -> dict:
+    import os
+    return {rel: os.stat(os.path.join(root, rel)).st_ino for rel in FILES_A}
+
+
+def test_a_plain_commit_is_staged_in_a_tree_of_links_and_the_live_directory_changes_only_at_the_switch(tmp_path):
+    """Slice 4: the `plain` layout's other commit is synced into its kept tree, seeded with hard links of the live
+    files of the same path and size: the sync fetches (and the free-space check counts) only the changed files, a
+    file changed at the same size is found by the staged verify and replaced in the tree alone, and the live
+    directory keeps its inodes and bytes until the switch links it from the tree."""
+    import os
+
+    from deploys.model.snapshot import kept_tree
+
+    c = NodeConfig.model_validate(profile("gb10_dspark")).model_copy(update={"model_revision": B})
+    assert c.model_layout == "plain"
+    (tmp_path / "var").mkdir()
+    manifest_a, stamp_a, record_a = paths(LIVE, tmp_path)
+    live = str(tmp_path / "plain")
+    write_commit(tmp_path / "a", A, FILES_A, tmp_path / "etc" / "model-manifest.json")
+    os.rename(tmp_path / "a" / "snapshots" / A, live)
+    assert verifier(manifest_a, live, "--stamp", stamp_a, "--full", "--record", record_a, "--quiet").returncode == 0
+    before = inodes(live), {rel: open(f"{live}/{rel}", "rb").read() for rel in FILES_A}
+    tree = kept_tree(c, B).replace(c.model_dir, live)
+    assert tree == f"{live}/.inference-nodes-releases/{B}"
+    staged = staged_state(B)
+    manifest, stamp, record = paths(staged, tmp_path)
+    write_commit(tmp_path / "b", B, FILES_B_PLAIN, tmp_path / "manifest-b.json")
+    subprocess.run(["install", "-D", "-m", "0644", str(tmp_path / "manifest-b.json"), manifest], check=True)
+
+    seeded = verifier(manifest, tree, "--seed-from", live)
+    assert seeded.returncode == 0 and "seeded 2 of 3 files" in seeded.stdout, seeded.stdout + seeded.stderr
+    plan = json.loads(verifier(manifest, tree, "--stamp", stamp, "--plan", "--json", "--quiet").stdout)
+    assert plan["refetch"] == ["model-00002-of-00002.safetensors"] and plan["refetch_bytes"] == 1001
+    full = json.loads(verifier(manifest, tree, "--stamp", stamp, "--full", "--json", "--quiet").stdout)
+    assert full["refetch"] == ["config.json", "model-00002-of-00002.safetensors"], full
+    # the sync: bad files removed from the tree (its links, never the live inode's bytes), the changed ones fetched
+    assert verifier("--remove", tree, "--", manifest, tree, *full["refetch"]).returncode == 0
+    for rel in full["refetch"]:
+        (tmp_path / "b" / "snapshots" / B / rel).rename(f"{tree}/{rel}")
+    done = verifier(manifest, tree, "--stamp", stamp, "--full", "--record", record, "--quiet")
+    assert done.returncode == 0, done.stdout
+    assert os.stat(f"{tree}/model-00001-of-00002.safetensors").st_ino == before[0]["model-00001-of-00002.safetensors"]
+    assert (inodes(live), {rel: open(f"{live}/{rel}", "rb").read() for rel in FILES_A}) == before, \
+        "the staged sync touched the live directory"
+    assert verifier(manifest_a, live, "--gate", "--stamp", stamp_a).returncode == 0
+
+    command = on_disk(model_switch_command(staged, live, tree), tmp_path).replace(
+        "/usr/local/lib/inference-nodes/verify_snapshot.py", VERIFIER)
+    switched = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    assert switched.returncode == 0, switched.stderr
+    assert verifier(manifest_a, live, "--gate", "--stamp", stamp_a).returncode == 0  # now B's manifest and stamp
+    assert json.loads(open(manifest_a).read())["commit"] == B
+    assert inodes(live) == inodes(tree), "the live directory is the staged tree's files"
+    assert open(f"{live}/config.json", "rb").read() == FILES_B_PLAIN["config.json"]
+
+
+def test_the_switch_links_no_tree_its_stamp_does_not_vouch_for(live, tmp_path):
+    """A node synced in place (a fan-out, or a stamp of other files): the switch installs the stamp, links nothing."""
+    import os
+
+    staged = staged_state(B)
+    manifest, stamp, _ = paths(staged, tmp_path)
+    snapshot_b = write_commit(tmp_path / "models", B, FILES_B, tmp_path / "manifest-b.json")
+    subprocess.run(["install", "-D", "-m", "0644", str(tmp_path / "manifest-b.json"), manifest], check=True)
+    assert verifier(manifest, snapshot_b, "--stamp", stamp, "--full", "--quiet").returncode == 0
+    tree = tmp_path / "stale-tree"
+    tree.mkdir()
+    (tree / "config.json").write_bytes(b"old")
+    command = on_disk(model_switch_command(staged, live["snapshot"], str(tree)), tmp_path).replace(
+        "/usr/local/lib/inference-nodes/verify_snapshot.py", VERIFIER)
+    before = {rel: os.stat(f"{live['snapshot']}/{rel}").st_ino for rel in FILES_A}
+    assert subprocess.run(["sh", "-c", command], capture_output=True, text=True).returncode == 0
+    assert {rel: os.stat(f"{live['snapshot']}/{rel}").st_ino for rel in FILES_A} == before
+    assert verifier(live["manifest"], snapshot_b, "--gate", "--stamp", live["stamp"]).returncode == 0
+
+
+@pytest.mark.parametrize("layout, mode, waves, staged, tree", [
+    ("plain", "push", 1, True, True),
+    ("plain", "hub", 3, True, True),
+    ("plain", "push", 2, True, False),  # a fan-out: peers serve their live directories, in place
+    ("plain", "push", 1, False, False),  # a repair of what serves, or a first sync
+    ("hf_cache", "push", 1, True, False),  # the cache stages in its own snapshot
+])
+def test_where_the_model_step_syncs(layout, mode, waves, staged, tree):
+    from deploys.model.snapshot import kept_tree, staged_tree
+
+    c = NodeConfig.model_validate(profile("gb10_dspark" if layout == "plain" else "rtx_pro_6000_pair")).model_copy(
+        update={"model_sync_mode": mode, "model_revision": B})
+    got = staged_tree(c, staged_state(B) if staged else LIVE, waves)
+    assert got == (kept_tree(c, B) if tree else None)

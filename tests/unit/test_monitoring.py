@@ -43,12 +43,14 @@ def _me(**keys) -> NodeConfig:
 def _summary(name: str, me: NodeConfig, labels: dict, value: str = "") -> str:
     rule = next(r for r in mon_rules.alert_rules(me) if r["alert"] == name)
     text = rule["annotations"]["summary"]
-    return (text.replace("{{ $labels.host }}", labels.get("host", "")).replace("{{ $labels.job }}", labels.get("job", ""))
-            .replace("{{ $value }}", value))
+    for key in ("host", "job", "commit"):
+        text = text.replace(f"{{{{ $labels.{key} }}}}", labels.get(key, ""))
+    return text.replace("{{ $value }}", value)
 
 
 N = {"host": "n1", "cluster": "c1"}
 L = 'host="n1",cluster="c1"'
+COMMIT = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"  # the deep verify's record names the commit it checked
 HEALTHY = [  # a serving head: every series the rules read, at good values (one sample a minute)
     (f'up{{job="node",{L}}}', "1x20"),
     (f'up{{job="vllm",{L}}}', "1x20"),
@@ -74,7 +76,7 @@ HEALTHY = [  # a serving head: every series the rules read, at good values (one 
     (f'prometheus_rule_evaluation_failures_total{{job="prometheus",{L}}}', "0x20"),
     (f'alertmanager_notifications_failed_total{{job="alertmanager",{L}}}', "0x20"),
     (f'alertmanager_config_last_reload_successful{{job="alertmanager",{L}}}', "1x20"),
-    (f'inference_nodes_deep_verify_ok{{job="node",{L}}}', "1x20"),
+    (f'inference_nodes_deep_verify_ok{{job="node",commit="{COMMIT}",{L}}}', "1x20"),
     (f'inference_nodes_deep_verify_timestamp_seconds{{job="node",{L}}}', "0x20"),
     (f'inference_nodes_deep_verify_max_age_seconds{{job="node",{L}}}', "100000x20"),
     (f'inference_nodes_driver_module_matches{{job="node",{L}}}', "1x20"),
@@ -96,7 +98,8 @@ BROKEN = {
     "EndpointClosed": ({f'inference_nodes_endpoint_closed{{job="node",{L}}}': "0 0 1x18"}, 4, 2, {"job": "node"}),
     "ServingGateFailed": ({f'inference_nodes_serving_gate_ok{{job="node",{L}}}': "1 1 0x18"}, 2, 1, {"job": "node"}),
     "ReleaseNotGated": ({f'inference_nodes_serving_release_gated{{job="node",{L}}}': "1 1 0x18"}, 5, 3, {"job": "node"}),
-    "DeepVerifyBad": ({f'inference_nodes_deep_verify_ok{{job="node",{L}}}': "1 1 0x18"}, 2, 1, {"job": "node"}),
+    "DeepVerifyBad": ({f'inference_nodes_deep_verify_ok{{job="node",commit="{COMMIT}",{L}}}': "1 1 0x18"}, 2, 1,
+                      {"job": "node", "commit": COMMIT}),  # the summary names the commit the deep verify checked
     "DeepVerifyOverdue": ({f'inference_nodes_deep_verify_max_age_seconds{{job="node",{L}}}': "100000 100000 60x18"}, 2, 1,
                           {"job": "node"}),
     "DriverModuleMismatch": ({f'inference_nodes_driver_module_matches{{job="node",{L}}}': "1 1 0x18"}, 4, 2, {"job": "node"}),

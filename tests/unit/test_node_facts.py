@@ -295,9 +295,17 @@ def test_the_unplanned_restart_account_is_kept_between_runs(node, tmp_path):
 
 @pytest.mark.parametrize("verdict, ok", [("ok", 1), ("bad", 0)])
 def test_the_deep_verify_record(node, tmp_path, verdict, ok):
-    (tmp_path / "deep-verify.json").write_text(json.dumps({"verdict": verdict, "at": 1_759_990_000, "commit": "ab"}))
+    """Its verdict carries the commit it checked (issue 52 slice 5: DeepVerifyBad names it); a record without a
+    commit, or with something else there, exports the verdict without the label."""
+    commit = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
+    (tmp_path / "deep-verify.json").write_text(json.dumps({"verdict": verdict, "at": 1_759_990_000, "commit": commit}))
     text = collect(node)
-    assert value(text, "deep_verify_ok") == ok
+    assert value(text, "deep_verify_ok", commit=commit) == ok
+    for other in ("ab", 'x"} 1\nevil{a="', None):
+        (tmp_path / "deep-verify.json").write_text(json.dumps({"verdict": verdict, "at": 1, "commit": other}))
+        assert value(collect(node), "deep_verify_ok") == ok
+    (tmp_path / "deep-verify.json").write_text(json.dumps({"verdict": verdict, "at": 1_759_990_000, "commit": commit}))
+    text = collect(node)
     assert value(text, "deep_verify_timestamp_seconds") == 1_759_990_000
     assert value(text, "deep_verify_max_age_seconds") == 8 * 86400
 
