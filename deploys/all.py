@@ -1,10 +1,11 @@
 """Entry point: `pyinfra -y inventories/lab.py deploys/all.py`.
 
 Order: validate -> preflight -> release asked for (one that failed here is held back: its image, model and service
-steps skip themselves) -> package manager (lock wait, dpkg
-repair) -> NVIDIA driver -> container runtime -> host tuning -> model snapshot -> model integrity (deep verify timer) -> inference service -> endpoint (heads)
--> node metrics -> monitoring host (Prometheus and Alertmanager on the host of the group `monitoring`) -> the held-back
-release said (the host fails).
+steps skip themselves) -> package manager (lock wait, dpkg repair) -> monitoring host (Prometheus and Alertmanager on
+the host of the group `monitoring`: before every release step, so the lab's scrape targets and rules never wait for a
+cluster's sync, switch or gate) -> NVIDIA driver -> container runtime -> host tuning -> model snapshot -> model
+integrity (deep verify timer) -> inference service -> endpoint (heads) -> node metrics -> the held-back release said
+(the host fails).
 """
 
 from deploys.apt_state import package_manager_ready
@@ -27,6 +28,7 @@ validate()
 preflight()
 release_asked()
 package_manager_ready()
+monitoring_host()
 nvidia_driver()
 container_runtime()
 host_tuning()
@@ -35,5 +37,4 @@ model_integrity()
 inference_service()
 endpoint()
 node_metrics()
-monitoring_host()
 release_held_reported()  # last: a host whose switch was held back fails, saying why

@@ -24,6 +24,7 @@ from deploys.host_tuning import host_shm_problem
 from deploys.inventory import cluster_member_names, node_config
 from deploys.ops import fail_host
 from deploys.model.snapshot import MANIFEST, model_files, resources_args, unchanged_bytes
+from deploys.monitoring.host import planned_reads as monitoring_planned_reads
 from deploys.nvidia_driver import packages_differ_message
 from deploys.run.state import kept
 from deploys.schema import NodeConfig
@@ -207,6 +208,7 @@ def preflight():
             (JsonRecord, {"path": failed_release_path(cfg)}),  # the next step's (deploys/failed_release.py) likewise
             (JsonRecord, {"path": MANIFEST}),  # the live commit's files: what a `plain` upgrade need not fetch
             (ManagedFiles, {"paths": model_files(cfg)}),  # the model step's, read while it plans (model_state)
+            *monitoring_planned_reads(host.inventory, host.name),  # the monitoring host's step's likewise
             (AptSourcesNaming, sources_args(cfg))])
     res = read(host, NodeResources, **resources)
     shm_bytes = read(host, MountSizeBytes, path="/dev/shm")

@@ -12,6 +12,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.facts.files import Link
 
+from deploys.apt_state import APT_READS, apt_lists_updated
 from deploys.endpoint import url_host
 from deploys.inventory import inventory_configs, node_config
 from deploys.monitoring.dashboard import render_dashboard
@@ -259,6 +260,25 @@ def loaded_differs(loaded: dict[str, dict | None], contents: dict[str, str]) -> 
                for path, text in contents.items())
 
 
+def loaded_paths(keys: dict[str, str]) -> tuple[dict[str, None], dict[str, str]]:
+    """systemd's copies of Alertmanager's configuration and of each head's scrape key (``keys``: head -> key)."""
+    return ({loaded_path(ALERTMANAGER, "alertmanager.yml"): None},
+            {loaded_path(PROMETHEUS, scrape_key_id(h)): h for h in keys})
+
+
+def planned_reads(inventory, name: str) -> list:
+    """What the monitoring host's step reads while the run is planned (what its running units loaded): preflight reads
+    them with its own facts, so this step, which comes before any release step (deploys/all.py), costs no command of
+    its own. None on another host."""
+    if monitoring_host_name(inventory) != name:
+        return []
+    configs = inventory_configs(inventory)
+    if name not in configs:
+        return []
+    am_loaded, keys_loaded = loaded_paths(scrape_keys(configs, name))
+    return [*reload_reads(configs[name]), (ManagedFiles, {"paths": (*am_loaded, *keys_loaded)})]
+
+
 def reload_reads(me: NodeConfig) -> list:
     """The running Prometheus's word on its last reload (read with the monitoring host's other reads)."""
     return [(PrometheusReload, {"helper": RELOAD_CHECK, "port": me.prometheus_port})]
@@ -280,7 +300,10 @@ def stale_scrape_files_removed(keep: tuple[str, ...]):
 
 @deploy("Monitoring host")
 def monitoring_host():
-    """Prometheus and Alertmanager on the host of the group `monitoring`, scraping every monitored node."""
+    """Prometheus and Alertmanager on the host of the group `monitoring`, scraping every monitored node. It comes
+    before every release step of the run (deploys/all.py): pyinfra runs each operation on every host before the next,
+    so the lab's scrape targets and rules change without waiting for any cluster's sync, switch or gate, and a
+    monitoring host whose own release fails has updated them already."""
     me = node_config()
     watcher = monitoring_host_name(host.inventory)
     if watcher != host.name:
@@ -290,9 +313,9 @@ def monitoring_host():
     configs = inventory_configs(host.inventory)
     keys = scrape_keys(configs, watcher)
     batch = (*HOST_FILES, RELOAD_CHECK, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
-    am_loaded = {loaded_path(ALERTMANAGER, "alertmanager.yml"): None}
-    keys_loaded = {loaded_path(PROMETHEUS, scrape_key_id(h)): h for h in keys}
-    expect([*host_reads(batch), *reload_reads(me), (ManagedFiles, {"paths": (*am_loaded, *keys_loaded)})])
+    am_loaded, keys_loaded = loaded_paths(keys)
+    expect([*host_reads(batch), *APT_READS, *planned_reads(host.inventory, host.name)])
+    apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
     webhook = read_webhook_url(me.alertmanager_webhook_url_file) if me.alertmanager_webhook_url_file else None
     watchdog = read_webhook_url(me.alertmanager_watchdog_url_file) if me.alertmanager_watchdog_url_file else None
     ours = {"prometheus": PROMETHEUS, "prometheus-alertmanager": ALERTMANAGER, "prometheus-node-exporter": EXPORTER}

@@ -23,6 +23,7 @@ import pytest
 from deploys import serving_gate
 from deploys.endpoint import CLOSED_DIR, RETRY_AFTER_S, RETRY_AFTER_STEPS
 from deploys.model.snapshot import COMMITS_DIR
+from deploys.monitoring.host import PROMETHEUS_CONF
 from deploys.service.door import retry_after_s
 from tests.node.conftest import INVENTORY, PYINFRA, SANDBOX_DIR, changed_operations, inventory_copy, on_node, pyinfra
 from tests.sandbox.endpoint_client import STREAM_TOKENS, EndpointClient
@@ -560,6 +561,10 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     assert "closed the door to new requests" in converge.stderr, converge.stderr[-3000:]
     assert converge.returncode == 1, converge.stderr[-3000:]
     assert "which failed too" not in converge.stderr, converge.stderr[-3000:]
+    # sandbox-a is also the monitoring host: its step comes before every release step, so the lab's scrape
+    # configuration took this inventory (its labels name the commit asked for) although the release then failed the host
+    assert on_node(node, f"grep -q 'model_commit: {BROKEN_COMMIT}' {PROMETHEUS_CONF}").returncode == 0, \
+        on_node(node, f"grep model_commit {PROMETHEUS_CONF}").stdout
     assert wait_ready(node, 60) >= 0, "the restored release answers on its own port (8101)"
     assert on_node(node, f"test -e {UPGRADE_MARKER}").returncode == 1, "the switch ended: the upgrade mark went"
     # the failed release is remembered: the same converge again holds only the switch back (no download, no
@@ -603,10 +608,10 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
     pruned = changed_operations(pyinfra("--json", INVENTORY, "deploys/all.py", "--limit", node))
     # (and the monitoring host's scrape labels go back to the commit asked for: the held-back run had converged them
     # to the inventory that asked for the failed one)
-    assert [op for op, _ in pruned] == ["Inference service | Prune releases beyond the newest 2 (model commits, images)",
-                                        "Monitoring host | Install Prometheus's scrape configuration (from the inventory)",
+    assert [op for op, _ in pruned] == ["Monitoring host | Install Prometheus's scrape configuration (from the inventory)",
                                         "Monitoring host | Reload Prometheus after a change of targets or rules (promtool "
-                                        "checks them first)"], pruned
+                                        "checks them first)",
+                                        "Inference service | Prune releases beyond the newest 2 (model commits, images)"], pruned
     assert on_node(node, f"ls {cache}/snapshots").stdout.split() == ["7872f01b1d1fe23eabc4c98b48bffcef5a386062"]
     assert set(on_node(node, f"ls {cache}/blobs").stdout.split()) == good_blobs
     assert on_node(node, "inference-nodes-model-gate").stdout == good_snapshot
