@@ -27,6 +27,17 @@ else:
     from snapshot_manifest import KEPT_TREES
 
 
+def _link(source: str, target: str) -> None:
+    """``target`` becomes a hard link of ``source`` through a temporary name and a rename (a run killed half-way
+    leaves the old file or the new one whole)."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = f"{target}.link-tmp"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.link(source, tmp)
+    os.replace(tmp, target)
+
+
 def link_tree(paths: list[str], src: str, dest: str, files_in_dest: set[str]) -> None:
     """Make ``dest`` hold exactly ``paths`` as hard links of the same files in ``src`` (each through a temporary
     name and a rename, so a run killed half-way leaves every file whole), then delete the files of
@@ -37,12 +48,7 @@ def link_tree(paths: list[str], src: str, dest: str, files_in_dest: set[str]) ->
             raise OSError(f"{source}: not a regular file, nothing to link")
         if os.path.lexists(target) and os.path.samefile(source, target):
             continue
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.link-tmp"
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        os.link(source, tmp)
-        os.replace(tmp, target)
+        _link(source, target)
     for rel in sorted(files_in_dest - set(paths)):
         os.unlink(os.path.join(dest, rel))
 
@@ -63,12 +69,7 @@ def seed_tree(files: list[dict], src: str, dest: str) -> list[str]:
                 continue
         except OSError:
             continue
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.link-tmp"
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        os.link(source, tmp)
-        os.replace(tmp, target)
+        _link(source, target)
         linked.append(rel)
     return linked
 
