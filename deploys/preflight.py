@@ -206,7 +206,8 @@ def preflight():
             (SecureBoot, {}), (PodmanVersion, {}),
             (OsRelease, {}),  # the driver deploy reads it while preparing (its repo path): no round trip of its own
             (JsonRecord, {"path": failed_release_path(cfg)}),  # the next step's (deploys/failed_release.py) likewise
-            (JsonRecord, {"path": MANIFEST}),  # the live commit's files: what a `plain` upgrade need not fetch
+            *([(JsonRecord, {"path": MANIFEST})] if cfg.model_layout == "plain" else []),  # what a `plain` upgrade
+            # need not fetch: the live commit's files (`hf_cache` stages a snapshot of its own: unchanged_bytes is 0)
             (ManagedFiles, {"paths": model_files(cfg)}),  # the model step's, read while it plans (model_state)
             *monitoring_planned_reads(host.inventory, host.name),  # the monitoring host's step's likewise
             (AptSourcesNaming, sources_args(cfg))])

@@ -45,8 +45,8 @@ def control_snapshot(cfg: NodeConfig, state) -> str:
 
 def rsync_plan(cfg: NodeConfig, control_dir: str, refetch: list[str],
                dest: str | None = None) -> tuple[str, str, list[str], list[str]]:
-    """(source root, node destination, paths relative to the source, rsync flags) for the layout (``dest``: a
-    `plain` layout's staged tree instead of the live directory). ValueError for a path that resolves outside the
+    """(source root, node destination, paths relative to the source, rsync flags) for the layout (``dest``: where a
+    `plain` layout's files go, its live directory or a staged tree; the `hf_cache` layout's go to its cache folder). ValueError for a path that resolves outside the
     control copy's repo folder: nothing else of the control node is sent."""
     repo_root = os.path.dirname(os.path.dirname(control_dir))  # models--ORG--NAME
     real_root = os.path.realpath(repo_root)
@@ -73,7 +73,7 @@ def push_from_control(state, host, refetch: list[str], dest: str | None = None) 
     except ControlNodeError as e:
         return host_failed(host, f"control-node download failed: {e}")
     try:
-        src, dest, paths, flags = rsync_plan(cfg, control_dir, refetch, dest if cfg.model_layout == "plain" else None)
+        src, dest, paths, flags = rsync_plan(cfg, control_dir, refetch, dest)
     except ValueError as e:
         return host_failed(host, f"control-node copy refused: {e}")
     follow = "-aL" in flags  # plain: links in the control cache are sent as the files; hf_cache: as links + blobs

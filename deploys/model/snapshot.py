@@ -42,6 +42,7 @@ NODE_LIB = "/usr/local/lib/inference-nodes"
 # whose modules are not there yet
 VERIFIER_FILES = ("snapshot_manifest.py", "snapshot_hashing.py", "snapshot_releases.py", "sync_progress.py",
                   "verify_snapshot.py")  # sync_progress: the hub download's and the peer pull's progress line
+VERIFIER_PATHS = tuple(f"{NODE_LIB}/{name}" for name in VERIFIER_FILES)  # where the model step installs them
 VERIFIER = f"{NODE_LIB}/verify_snapshot.py"
 PRUNER = f"{NODE_LIB}/snapshot_releases.py"  # model commits beyond the kept releases (run by the service deploy)
 MANIFEST = "/etc/inference-nodes/model-manifest.json"
@@ -327,7 +328,7 @@ def model_files(cfg: NodeConfig) -> tuple[str, ...]:
     """The model step's managed files, read in one round trip; preflight reads them with its own facts, so the
     step's choice between the live place and a staged one (``model_state``, made while the run is planned) costs
     no command of its own."""
-    return (*(f"{NODE_LIB}/{name}" for name in VERIFIER_FILES), MANIFEST, staged_state(cfg.model_revision).manifest,
+    return (*VERIFIER_PATHS, MANIFEST, staged_state(cfg.model_revision).manifest,
             HUB_DOWNLOAD, model_fanout.PEER_PULL, owner_marker(cfg.model_dir))
 
 
@@ -360,7 +361,6 @@ def model_snapshot():
         return
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
     packages_installed(name="Install what the verifier and rsync need", packages=["python3", "rsync"])
-    verifier = [f"{NODE_LIB}/{name}" for name in VERIFIER_FILES]
     batch = model_files(cfg)
     # not the verification itself: it may re-hash every file, and would run twice if a command ran in between
     expect([*APT_READS, (ManagedFiles, {"paths": batch}), (Directory, {"path": posixpath.dirname(STAMP)}),
@@ -369,7 +369,7 @@ def model_snapshot():
         held = read(host, NodeResources, **resources_args(cfg)).get("model_held_commit")
         cluster_model_changes_whole(name="Change a multi-node cluster's model commit only as a whole",
                                     cluster=cfg.cluster_name, members=cluster_member_names(), held=held, revision=cfg.model_revision)
-    for name, dest in zip(VERIFIER_FILES, verifier):
+    for name, dest in zip(VERIFIER_FILES, VERIFIER_PATHS):
         atomic_put(batch=batch, name=f"Install the snapshot verifier ({name})",
                   src=helper_path(f"model_snapshot/{name}"), dest=dest, user="root", group="root",
                   mode="0755" if dest == VERIFIER else "0644", create_remote_dir=True)

@@ -275,8 +275,13 @@ def planned_reads(inventory, name: str) -> list:
     configs = inventory_configs(inventory)
     if name not in configs:
         return []
-    am_loaded, keys_loaded = loaded_paths(scrape_keys(configs, name))
-    return [*reload_reads(configs[name]), (ManagedFiles, {"paths": (*am_loaded, *keys_loaded)})]
+    return loaded_reads(configs[name], scrape_keys(configs, name))
+
+
+def loaded_reads(me: NodeConfig, keys: dict[str, str]) -> list:
+    """Prometheus's word on its last reload and the running units' loaded copies (``keys``: head -> scrape key)."""
+    am_loaded, keys_loaded = loaded_paths(keys)
+    return [*reload_reads(me), (ManagedFiles, {"paths": (*am_loaded, *keys_loaded)})]
 
 
 def reload_reads(me: NodeConfig) -> list:
@@ -314,7 +319,7 @@ def monitoring_host():
     keys = scrape_keys(configs, watcher)
     batch = (*HOST_FILES, RELOAD_CHECK, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
     am_loaded, keys_loaded = loaded_paths(keys)
-    expect([*host_reads(batch), *APT_READS, *planned_reads(host.inventory, host.name)])
+    expect([*host_reads(batch), *APT_READS, *loaded_reads(me, keys)])  # (preflight's: planned_reads)
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
     webhook = read_webhook_url(me.alertmanager_webhook_url_file) if me.alertmanager_webhook_url_file else None
     watchdog = read_webhook_url(me.alertmanager_watchdog_url_file) if me.alertmanager_watchdog_url_file else None
