@@ -6,12 +6,16 @@ the host of the group `monitoring`: before every release step, so the lab's scra
 cluster's sync, switch or gate) -> NVIDIA driver -> container runtime -> host tuning -> model snapshot -> model
 integrity (deep verify timer) -> inference service -> endpoint (heads) -> node metrics -> the held-back release said
 (the host fails).
+
+A monitoring-only host (the group `monitoring`, no serving cluster) runs validate, the package manager and the
+monitoring host's step only.
 """
 
 from deploys.apt_state import package_manager_ready
 from deploys.container_runtime import container_runtime
 from deploys.endpoint import endpoint
 from deploys.host_tuning import host_tuning
+from deploys.inventory import is_inference_node
 from deploys.model.integrity import model_integrity
 from deploys.model.snapshot import model_snapshot
 from deploys.monitoring.host import monitoring_host
@@ -25,16 +29,18 @@ from deploys.validate import validate
 
 ssh_without_delay()  # pyinfra has connected: each node's SSH socket sends at once from here on
 validate()
-preflight()
-release_asked()
+if is_inference_node():
+    preflight()
+    release_asked()
 package_manager_ready()
 monitoring_host()
-nvidia_driver()
-container_runtime()
-host_tuning()
-model_snapshot()
-model_integrity()
-inference_service()
-endpoint()
-node_metrics()
-release_held_reported()  # last: a host whose switch was held back fails, saying why
+if is_inference_node():  # (a monitoring-only host ends here: Prometheus and Alertmanager, nothing of a GPU node)
+    nvidia_driver()
+    container_runtime()
+    host_tuning()
+    model_snapshot()
+    model_integrity()
+    inference_service()
+    endpoint()
+    node_metrics()
+    release_held_reported()  # last: a host whose switch was held back fails, saying why

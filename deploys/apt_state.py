@@ -29,7 +29,8 @@ from pyinfra.facts.server import Date
 
 from deploys.apt_sources import foreign_sources_disabled, sources_args
 from deploys.run.reads import FactRead, expect, operation, read
-from deploys.inventory import node_config
+from deploys.inventory import host_config
+from deploys.schema import NodeConfig
 from deploys.ops import atomic_put, lock_timeout, lock_waiting
 from facts.apt import AptSourcesNaming
 from facts.dpkg import DpkgAudit
@@ -96,9 +97,11 @@ def dpkg_repaired():
 def package_manager_ready():
     """First changes of a run: apt sources that would break apt beside the toolkit's own (deploys/apt_sources.py),
     the lock wait for every later apt command, then a consistent dpkg."""
-    sources = sources_args(node_config())
-    expect([(ManagedFiles, {"paths": (LOCK_DROPIN,)}), (DpkgAudit, {}), (AptSourcesNaming, sources)])
-    foreign_sources_disabled(name="Disable other apt entries for the NVIDIA repos (entry by entry)", **sources)
+    cfg = host_config()
+    sources = sources_args(cfg) if isinstance(cfg, NodeConfig) else None  # (a monitoring-only host has no NVIDIA repo)
+    expect([(ManagedFiles, {"paths": (LOCK_DROPIN,)}), (DpkgAudit, {}), *([(AptSourcesNaming, sources)] if sources else [])])
+    if sources:
+        foreign_sources_disabled(name="Disable other apt entries for the NVIDIA repos (entry by entry)", **sources)
     atomic_put(name="Wait for a held dpkg lock instead of failing (apt.conf.d)", src=StringIO(render_lock_dropin(lock_timeout())),
                dest=LOCK_DROPIN, user="root", group="root", mode="0644", create_remote_dir=False)
     dpkg_repaired(name="Finish an interrupted dpkg run (dpkg --configure -a)")

@@ -16,6 +16,8 @@ from pyinfra.context import ctx_state
 
 from deploys.run.state import kept
 from deploys.schema import MONITORING_GROUP, Cluster, NodeConfig, cluster_of, clusters, validate_inventory
+from deploys.schema.cross_host import monitoring_only_validated
+from deploys.schema.monitoring import MonitoringHostConfig
 
 
 def inventory_configs(inventory: Inventory | None = None) -> dict[str, NodeConfig]:
@@ -32,6 +34,28 @@ def inventory_configs(inventory: Inventory | None = None) -> dict[str, NodeConfi
         return validate_inventory(inventory, limit)
 
     return kept(inventory, "validated configs", validated)
+
+
+def monitoring_only_configs(inventory: Inventory | None = None) -> dict[str, MonitoringHostConfig]:
+    """The monitoring-only host's config (deploys/schema/monitoring.py MonitoringHostConfig), by name; validated with
+    the rest of the inventory (inventory_configs), kept on it."""
+    inventory = inventory if inventory is not None else current_state.inventory
+    inventory_configs(inventory)  # (the whole inventory first: one error listing every problem)
+    return kept(inventory, "monitoring-only configs", lambda: monitoring_only_validated(inventory)[0])
+
+
+def is_inference_node(host=None) -> bool:
+    """Whether ``host`` (default: the host pyinfra is preparing now) serves a model: every host but a monitoring-only
+    one."""
+    host = host if host is not None else current_host
+    return host.name not in monitoring_only_configs(host.inventory)
+
+
+def host_config(host=None) -> NodeConfig | MonitoringHostConfig:
+    """The validated config of ``host`` whichever it is: an inference node's, or a monitoring-only host's (for the
+    steps both run: the package manager, the monitoring host)."""
+    host = host if host is not None else current_host
+    return monitoring_only_configs(host.inventory).get(host.name) or inventory_configs(host.inventory)[host.name]
 
 
 def node_config(host=None) -> NodeConfig:

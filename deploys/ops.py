@@ -14,7 +14,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Directory, File, FileContents, Link
 
-from deploys.inventory import node_config
+from deploys.inventory import host_config
 from facts.apt import AptHolds, KeyringFingerprints
 from files import helper_text
 from facts.host import ManagedFiles, SystemdNeedsReload
@@ -275,7 +275,7 @@ done"""
 
 def lock_timeout() -> int:
     """The host being prepared's `apt_lock_timeout_s`."""
-    return node_config().apt_lock_timeout_s
+    return host_config().apt_lock_timeout_s
 
 
 def lock_waiting(*argv: str, timeout: int | None = None) -> StringCommand:

@@ -21,7 +21,7 @@ from deploys.apt_sources import sources_args
 from deploys.service.release import failed_release_path
 from deploys.run.reads import expect, operation, read
 from deploys.host_tuning import host_shm_problem
-from deploys.inventory import cluster_member_names, node_config
+from deploys.inventory import cluster_member_names, is_inference_node, node_config
 from deploys.ops import fail_host
 from deploys.model.snapshot import MANIFEST, model_files, resources_args, unchanged_bytes
 from deploys.monitoring.host import planned_reads as monitoring_planned_reads
@@ -237,7 +237,7 @@ def preflight():
                                + driver_problems(cfg, state, secure_boot, nvswitch))
     cluster_fits(name="Preflight: every member of this cluster can run it", cluster=cfg.cluster_name,
                  members=cluster_member_names())
-    active = [h.name for h in host.state.inventory.get_active_hosts()]
+    active = [h.name for h in host.state.inventory.get_active_hosts() if is_inference_node(h)]
     if not set(active) <= set(run.rows):
         return
     logger.info("Preflight:\n" + format_table([run.rows[n] for n in sorted(active)])

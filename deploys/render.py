@@ -22,6 +22,7 @@ from deploys.inventory import LimitError, limited_hosts, load_inventory
 from deploys.service import backoff as service_backoff, unit as service_unit
 from deploys.schema import InventoryValidationError, NodeConfig, cluster_of, validate_inventory
 from deploys.schema.control_readers import read_clients
+from deploys.schema.cross_host import monitoring_only_validated
 
 
 def host_files(cfg: NodeConfig, head: NodeConfig | None, nodes: int, members: list[NodeConfig],
@@ -73,14 +74,18 @@ def render_inventory(inventory_file: str, out_dir: str, limit: list[str] | tuple
     inventory = load_inventory(inventory_file)
     limited = limited_hosts(inventory, limit)
     configs = validate_inventory(inventory, limited)  # every host first (C's profile gaps only outside --limit)
-    selected = set(configs) if limited is None else {h.name for h in limited}
+    only = monitoring_only_validated(inventory)[0]  # a monitoring-only host: its monitoring files alone
+    selected = {*configs, *only} if limited is None else {h.name for h in limited}
+    watcher = mon_node.monitoring_host_name(inventory)
     written = []
-    for name, cfg in configs.items():
+    for name in [*configs, *only]:
         if name not in selected:
             continue
-        cluster = cluster_of(configs, name)
-        files = host_files(cfg, cluster.head, cluster.size, cluster.members, distro)
-        files.update(mon_host.rendered_files(name, configs, mon_node.monitoring_host_name(inventory)))
+        files = {apt_state.LOCK_DROPIN: apt_state.render_lock_dropin(only[name].apt_lock_timeout_s)} if name in only else {}
+        if name in configs:
+            cluster = cluster_of(configs, name)
+            files = host_files(configs[name], cluster.head, cluster.size, cluster.members, distro)
+        files.update(mon_host.rendered_files(name, configs, watcher, only.get(name)))
         for path, text in files.items():
             dest = inside_out_dir(out_dir, name, path)
             os.makedirs(os.path.dirname(dest), exist_ok=True)

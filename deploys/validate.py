@@ -20,9 +20,9 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import NoGroupError
 
-from deploys.inventory import LimitError, inventory_configs, limited_hosts, load_inventory
+from deploys.inventory import LimitError, inventory_configs, is_inference_node, limited_hosts, load_inventory
 from deploys.schema import InventoryValidationError, NodeConfig, validate_inventory
-from deploys.schema.cross_host import monitoring_warnings
+from deploys.schema.cross_host import monitoring_only_validated, monitoring_warnings
 
 
 @deploy("Validate inventory")
@@ -32,6 +32,9 @@ def validate():
     Runs while pyinfra prepares operations, so a bad value on any host stops every host.
     """
     configs = inventory_configs(host.inventory)
+    if not is_inference_node(host):
+        logger.info(f"{host.print_prefix}inventory valid: monitoring host only (no serving cluster)")
+        return
     cfg = configs[host.name]
     logger.info(f"{host.print_prefix}inventory valid: cluster {cfg.cluster_name}, rank {cfg.node_rank}")
 
@@ -118,9 +121,14 @@ def main(argv: list[str]) -> int:
         return 1
     for warning in monitoring_warnings(inventory, configs):
         print(f"warning: {warning}", file=sys.stderr)
-    for name, cfg in configs.items():
-        if limit is None or any(h.name == name for h in limit):
-            print(f"{name}: valid (cluster {cfg.cluster_name}, rank {cfg.node_rank})")
+    only = monitoring_only_validated(inventory)[0]
+    for h in inventory:
+        if limit is not None and h not in limit:
+            continue
+        if h.name in only:
+            print(f"{h.name}: valid (monitoring host only: no serving cluster)")
+        elif h.name in configs:
+            print(f"{h.name}: valid (cluster {configs[h.name].cluster_name}, rank {configs[h.name].node_rank})")
     return 0
 
 

@@ -112,7 +112,7 @@ def _run(state=None) -> _Run:
     def planned() -> _Run:
         configs = inventory_configs(state.inventory)
         running = [(h.name, configs[h.name]) for h in state.inventory
-                   if h in state.activated_hosts and state.is_host_in_limit(h)]
+                   if h.name in configs and h in state.activated_hosts and state.is_host_in_limit(h)]
         plan = fanout_plan(running)
         return _Run(1 + max((a.wave for a in plan.values()), default=0), plan)
 

@@ -14,7 +14,7 @@ from pyinfra.facts.files import Link
 
 from deploys.apt_state import APT_READS, apt_lists_updated
 from deploys.endpoint import url_host
-from deploys.inventory import inventory_configs, node_config
+from deploys.inventory import host_config, inventory_configs, monitoring_only_configs
 from deploys.monitoring.dashboard import render_dashboard
 from deploys.monitoring.node import (
     DIR,
@@ -44,7 +44,7 @@ from deploys.ops import (
 from deploys.run.reads import expect, operation, read, service_reads, unit_state
 from deploys.schema import NodeConfig
 from deploys.schema.control_readers import read_clients, read_webhook_url
-from deploys.schema.monitoring import MONITORING_GROUP, file_word
+from deploys.schema.monitoring import MONITORING_GROUP, MonitoringHostKeys, file_word
 from deploys.unit_text import command_line, confined, unit_word
 from facts.host import FilesMatching, ManagedFiles, PrometheusReload
 from files import helper_path
@@ -81,7 +81,7 @@ def target_labels(name: str, cfg: NodeConfig) -> dict:
     return {"host": name, "cluster": cfg.cluster_name, "role": "head" if cfg.is_head else "worker"}
 
 
-def render_prometheus(configs: dict[str, NodeConfig], me: NodeConfig, watcher: str) -> str:
+def render_prometheus(configs: dict[str, NodeConfig], me: MonitoringHostKeys, watcher: str) -> str:
     """The scrape configuration, every target from the inventory: each monitored node's exporter (job `node`) and
     each monitored head's vLLM (job `vllm`, labelled with its release: image and model commit)."""
     interval = f"{me.prometheus_scrape_interval_s}s"
@@ -137,7 +137,7 @@ def scrape_keys(configs: dict[str, NodeConfig], watcher: str) -> dict[str, str]:
             for name in endpoint_scraped(configs, watcher)}
 
 
-def render_alertmanager(me: NodeConfig, webhook: str | None, watchdog: str | None = None) -> str:
+def render_alertmanager(me: MonitoringHostKeys, webhook: str | None, watchdog: str | None = None) -> str:
     """The route: every alert to the webhook, but the always-firing Watchdog to its own receiver, the outside dead
     man's switch (``watchdog``; none: nowhere), every WATCHDOG_REPEAT; held back while an alert of ALERTING_PATH
     fires, so that the switch pages when the alerting path itself fails."""
@@ -157,7 +157,7 @@ def render_alertmanager(me: NodeConfig, webhook: str | None, watchdog: str | Non
     return yaml.safe_dump({"route": route, "receivers": receivers, "inhibit_rules": inhibit}, sort_keys=False)
 
 
-def render_prometheus_unit(me: NodeConfig, keys: list[str]) -> str:
+def render_prometheus_unit(me: MonitoringHostKeys, keys: list[str]) -> str:
     """Prometheus as `prometheus`, its scrape keys loaded by systemd (LoadCredential: root-only files on disk). The
     configuration is checked by promtool before each start; a reload is checked by the converge's own promtool run
     as root before it (an `ExecReload=` process cannot read the service's credentials: seen with systemd 257)."""
@@ -188,7 +188,7 @@ WantedBy=multi-user.target
 """
 
 
-def render_alertmanager_unit(me: NodeConfig) -> str:
+def render_alertmanager_unit(me: MonitoringHostKeys) -> str:
     argv = ["/usr/bin/prometheus-alertmanager", f"--storage.path=/var/lib/{ALERTMANAGER}",
             f"--web.listen-address=127.0.0.1:{me.alertmanager_port}", "--cluster.listen-address="]
     argv_text = command_line(argv[:-1]) + ' "--cluster.listen-address=" --config.file=%d/alertmanager.yml'
@@ -273,18 +273,17 @@ def planned_reads(inventory, name: str) -> list:
     if monitoring_host_name(inventory) != name:
         return []
     configs = inventory_configs(inventory)
-    if name not in configs:
-        return []
-    return loaded_reads(configs[name], scrape_keys(configs, name))
+    me = monitoring_only_configs(inventory).get(name) or configs.get(name)
+    return [] if me is None else loaded_reads(me, scrape_keys(configs, name))
 
 
-def loaded_reads(me: NodeConfig, keys: dict[str, str]) -> list:
+def loaded_reads(me: MonitoringHostKeys, keys: dict[str, str]) -> list:
     """Prometheus's word on its last reload and the running units' loaded copies (``keys``: head -> scrape key)."""
     am_loaded, keys_loaded = loaded_paths(keys)
     return [*reload_reads(me), (ManagedFiles, {"paths": (*am_loaded, *keys_loaded)})]
 
 
-def reload_reads(me: NodeConfig) -> list:
+def reload_reads(me: MonitoringHostKeys) -> list:
     """The running Prometheus's word on its last reload (read with the monitoring host's other reads)."""
     return [(PrometheusReload, {"helper": RELOAD_CHECK, "port": me.prometheus_port})]
 
@@ -309,12 +308,12 @@ def monitoring_host():
     before every release step of the run (deploys/all.py): pyinfra runs each operation on every host before the next,
     so the lab's scrape targets and rules change without waiting for any cluster's sync, switch or gate, and a
     monitoring host whose own release fails has updated them already."""
-    me = node_config()
     watcher = monitoring_host_name(host.inventory)
     if watcher != host.name:
         expect(host_reads())
         monitoring_host_removed(name=f"No Prometheus here (not the host of the group {MONITORING_GROUP})")
         return
+    me = host_config()  # an inference node's config, or a monitoring-only host's (MonitoringHostConfig)
     configs = inventory_configs(host.inventory)
     keys = scrape_keys(configs, watcher)
     batch = (*HOST_FILES, RELOAD_CHECK, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
@@ -389,7 +388,7 @@ RELOAD_CHECK = "/usr/local/lib/inference-nodes/prometheus_loaded.py"
 RELOAD_WAIT_S = 30
 
 
-def reload_command(me: NodeConfig) -> str:
+def reload_command(me: MonitoringHostKeys) -> str:
     """Shell: promtool's check, the reload (a HUP: asynchronous, and `systemctl` says "Reloaded" whatever Prometheus
     makes of it), then Prometheus's own word that it loaded the files since; else the step fails with its error."""
     errors = (f"journalctl -u {PROMETHEUS}.service -n 50 --no-pager -o cat | grep -i 'error' | tail -n 3 >&2")
@@ -398,26 +397,29 @@ def reload_command(me: NodeConfig) -> str:
             f"{{ echo 'Prometheus did not load its files:' >&2; {errors}; exit 1; }}; }}")
 
 
-def rendered_files(name: str, configs: dict[str, NodeConfig], watcher: str | None) -> dict[str, str]:
+def rendered_files(name: str, configs: dict[str, NodeConfig], watcher: str | None,
+                   watcher_only: MonitoringHostKeys | None = None) -> dict[str, str]:
     """Node path -> content of every file this component writes on ``name`` (deploys/render.py); secrets named,
-    never rendered."""
-    cfg, out = configs[name], {}
-    if cfg.monitoring_enabled:
+    never rendered. ``watcher_only``: the config of a monitoring-only ``watcher``, which ``configs`` (the inference
+    nodes) does not hold."""
+    cfg, out = configs.get(name), {}
+    if cfg is not None and cfg.monitoring_enabled:
         out.update({FACTS_CONFIG: render_facts_config(name, cfg, watcher),
                     f"{UNIT_DIR}/{EXPORTER}.service": render_exporter_unit(cfg),
                     f"{UNIT_DIR}/{FACTS}.service": render_facts_service(),
                     f"{UNIT_DIR}/{FACTS}.timer": render_facts_timer(cfg)})
     if name == watcher:
+        me = watcher_only or cfg
         keys = endpoint_scraped(configs, watcher)
-        out.update({PROMETHEUS_CONF: render_prometheus(configs, cfg, watcher), RULES: render_rules(cfg),
+        out.update({PROMETHEUS_CONF: render_prometheus(configs, me, watcher), RULES: render_rules(me),
                     DASHBOARD: render_dashboard(),
-                    f"{UNIT_DIR}/{PROMETHEUS}.service": render_prometheus_unit(cfg, keys),
-                    f"{UNIT_DIR}/{ALERTMANAGER}.service": render_alertmanager_unit(cfg),
+                    f"{UNIT_DIR}/{PROMETHEUS}.service": render_prometheus_unit(me, keys),
+                    f"{UNIT_DIR}/{ALERTMANAGER}.service": render_alertmanager_unit(me),
                     ALERTMANAGER_CONF: "# not rendered: Alertmanager's route and alertmanager_webhook_url_file's URL (0600)\n"})
         for head in keys:
             out[scrape_key_path(head)] = f"# not rendered: {head}'s endpoint_metrics_client key (0600)\n"
     return out
 
 
-def prometheus_url(cfg: NodeConfig) -> str:
+def prometheus_url(cfg: MonitoringHostKeys) -> str:
     return f"http://127.0.0.1:{cfg.prometheus_port}"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import yaml
 
-from deploys.schema import NodeConfig
+from deploys.schema.monitoring import MonitoringHostKeys
 
 
 # Alert rules: (name, expression, for key (or None: at once), severity, what it means). Thresholds are the keys
 # of the monitoring host; a node's own deep-verify interval comes with its metrics.
-def alert_rules(me: NodeConfig) -> list[dict]:
+def alert_rules(me: MonitoringHostKeys) -> list[dict]:
     kv, restarts, disk = me.alert_kv_cache_usage_max, me.alert_restarts_max, me.alert_model_disk_free_min_gib
     # the window in which no token means a stall: short, so the alert fires `alert_not_generating_for_s` after it
     # (a 5-minute rate added 5 minutes to every stall), yet four scrapes long
@@ -125,7 +125,7 @@ ALERT_KEYS = {  # which key tunes each alert (docs/monitoring.md)
 }
 
 
-def render_rules(me: NodeConfig) -> str:
+def render_rules(me: MonitoringHostKeys) -> str:
     return "# inference-nodes: the toolkit's alerts (deploys/monitoring.py); edits are overwritten\n" + \
         yaml.safe_dump({"groups": [{"name": "inference-nodes", "rules": alert_rules(me)}]}, sort_keys=False, width=200)
 

@@ -22,6 +22,9 @@ from files.model_snapshot.snapshot_manifest import ManifestError, read_manifest
 def control_file_problems(host: str, cfg: NodeConfig) -> list[Problem]:
     """Every problem with the control-node files ``cfg`` names (empty when they are all fine)."""
     problems = []
+    if not isinstance(cfg, NodeConfig):  # a monitoring-only host (deploys/schema/monitoring.py): its webhook files only
+        return [p for key in ("alertmanager_webhook_url_file", "alertmanager_watchdog_url_file")
+                if getattr(cfg, key) is not None for p in _webhook_problems(host, key, getattr(cfg, key))]
     if cfg.registry_auth_file is not None:
         problems += _private_file_problems(host, "registry_auth_file", cfg.registry_auth_file)
     if cfg.model_manifest is not None:

@@ -18,9 +18,9 @@ from typing import Any
 import ipaddress
 
 from deploys.schema.listeners import HOST_OWN, listener_problems
-from deploys.schema.monitoring import MONITORING_GROUP, file_word
+from deploys.schema.monitoring import MONITORING_GROUP, MonitoringHostConfig, file_word
 from deploys.schema.node import NodeConfig
-from deploys.schema.parse import parse_node
+from deploys.schema.parse import parse_monitoring_host, parse_node
 from deploys.schema.problems import InventoryValidationError, Problem
 
 
@@ -187,13 +187,15 @@ def group_problems(inventory) -> list[Problem]:
 
 
 def validate_hosts(hosts: dict[str, dict[str, Any]], deployed: set[str] | None = None,
-                   watcher: str | None = None) -> dict[str, NodeConfig]:
+                   watcher: str | None = None, others: dict[str, dict[str, Any]] | None = None) -> dict[str, NodeConfig]:
     """Validate every host's data and the cluster rules; raise one error listing every problem.
 
     ``deployed`` (pyinfra's --limit, widened to whole clusters): a host outside it whose only problems are
     profile gaps is left out of the result instead of refusing the run, so deploying A and B need not wait
     for the values C's write-up leaves open. Any other problem on any host still refuses the run. ``watcher``:
-    the host of the group `monitoring` (its Prometheus and Alertmanager join its table of listeners).
+    the host of the group `monitoring` (its Prometheus and Alertmanager join its table of listeners, where it is
+    one of ``hosts``). ``others``: the data of hosts that are not inference nodes (a monitoring-only host), for the
+    rules on names and machines every host follows.
     """
     configs: dict[str, NodeConfig] = {}
     problems: list[Problem] = []
@@ -208,7 +210,8 @@ def validate_hosts(hosts: dict[str, dict[str, Any]], deployed: set[str] | None =
         problems += errs
         if cfg is not None and not errs:
             configs[name] = cfg
-    problems += connection_problems(hosts) + machine_problems(hosts)
+    everyone = {**hosts, **(others or {})}
+    problems += connection_problems(everyone) + machine_problems(everyone)
     if not problems:
         problems = cluster_problems(configs) + listener_problems(
             configs, hosts, {name: ssh_port(data) for name, data in hosts.items()}, watcher)
@@ -283,8 +286,33 @@ def monitoring_warnings(inventory, configs: dict[str, NodeConfig]) -> list[str]:
     return [f"host {name}: alertmanager_watchdog_url_file is unset: no outside dead man's switch hears the Watchdog, "
             "so nothing pages when this monitoring host, its Prometheus or its Alertmanager stops, or when the "
             "alerts' webhook fails (docs/monitoring.md)"
-            for name in monitoring_hosts(inventory)
-            if name in configs and configs[name].alertmanager_watchdog_url_file is None]
+            for name, cfg in {**configs, **monitoring_only_validated(inventory)[0]}.items()
+            if name in monitoring_hosts(inventory) and cfg.alertmanager_watchdog_url_file is None]
+
+
+def monitoring_only_hosts(inventory) -> list[str]:
+    """The hosts of the group `monitoring` that belong to no serving cluster (no `cluster_name` in their data): they
+    run Prometheus and Alertmanager and nothing of an inference node (MonitoringHostConfig)."""
+    return [name for name in monitoring_hosts(inventory) if inventory.get_host(name).data.get("cluster_name") is None]
+
+
+def monitoring_host_data(inventory, name: str) -> tuple[dict[str, Any], set[str]]:
+    """A monitoring-only host's data and the keys asked of it: those its own entry or the group `monitoring` sets.
+    The other keys it has come from the groups every host is in (group_data/all.py, the inventory file's own group):
+    defaults for the lab's inference nodes, which a monitoring-only host reads only where they are its keys."""
+    asked = set(inventory.get_host_data(name) or {}) | set(inventory.get_group_data(MONITORING_GROUP) or {})
+    return inventory.get_host(name).data.dict(), {k for k in asked if not k.startswith("__")}
+
+
+def monitoring_only_validated(inventory) -> tuple[dict[str, MonitoringHostConfig], list[Problem]]:
+    """Each monitoring-only host's config (one, in a valid inventory), or its problems."""
+    configs, problems = {}, []
+    for name in monitoring_only_hosts(inventory):
+        cfg, errs = parse_monitoring_host(name, *monitoring_host_data(inventory, name))
+        problems += errs
+        if cfg is not None and not errs:
+            configs[name] = cfg
+    return configs, problems
 
 
 def monitoring_hosts(inventory) -> list[str]:
@@ -298,7 +326,9 @@ def validate_inventory(inventory, limit_hosts=None) -> dict[str, NodeConfig]:
     """Validate every host of a pyinfra inventory (all of them, not only those --limit selects; see
     validate_hosts for the one exception, profile gaps outside the limit)."""
     problems = group_problems(inventory)
-    hosts = {h.name: h.data.dict() for h in inventory}
+    only, only_problems = monitoring_only_validated(inventory)
+    problems += only_problems
+    hosts = {h.name: h.data.dict() for h in inventory if h.name not in monitoring_only_hosts(inventory)}
     deployed = None
     if limit_hosts is not None:
         limited = {h.name for h in limit_hosts}
@@ -307,7 +337,8 @@ def validate_inventory(inventory, limit_hosts=None) -> dict[str, NodeConfig]:
                     if name in limited or cluster_name[name] in {cluster_name[x] for x in limited if x in cluster_name}}
     try:
         watchers = monitoring_hosts(inventory)
-        configs = validate_hosts(hosts, deployed, watchers[0] if len(watchers) == 1 else None)
+        configs = validate_hosts(hosts, deployed, watchers[0] if len(watchers) == 1 else None,
+                                 {h.name: h.data.dict() for h in inventory if h.name in only})
         problems += monitoring_problems(inventory, configs)
     except InventoryValidationError as e:
         problems += e.problems

@@ -11,6 +11,7 @@ from pydantic import model_validator
 
 from deploys.schema.base import ComponentKeys, ControlSecret, IpAddress, _key
 from deploys.schema.base import KeyRuleError
+from deploys.schema.package_manager import PackageManagerKeys
 
 MONITORING_GROUP = "monitoring"  # the inventory group naming the one host that runs Prometheus and Alertmanager
 
@@ -21,8 +22,8 @@ def file_word(host: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", host)
 
 
-class MonitoringKeys(ComponentKeys):
-    """Node metrics (every node with `monitoring_enabled`), Prometheus and Alertmanager (the `monitoring` host)."""
+class NodeMetricsKeys(ComponentKeys):
+    """Node metrics on every inference node with `monitoring_enabled`."""
 
     monitoring_enabled: bool = _key(
         False, description="run node-exporter (distribution package) with the toolkit's own metrics (driver, deep "
@@ -38,6 +39,20 @@ class MonitoringKeys(ComponentKeys):
         60, description="how often the toolkit's own metrics are read on the node (a systemd timer; at most 60 s: "
         "a head's vLLM metrics may come with them, and the alerts' 5-minute rates need several samples)", ge=5, le=60,
     )
+    @model_validator(mode="after")
+    def _monitoring_rules(self) -> NodeMetricsKeys:
+        if self.node_exporter_address is not None:
+            address = ipaddress.ip_address(self.node_exporter_address)
+            if address.is_unspecified or address.is_multicast:
+                raise KeyRuleError("node_exporter_address", self.node_exporter_address,
+                                   "one address of this node (not a wildcard: the exporter listens where the inventory "
+                                   "says)")
+        return self
+
+
+class MonitoringHostKeys(ComponentKeys):
+    """Prometheus and Alertmanager on the host of the group `monitoring` (an inference node or a host of its own)."""
+
     prometheus_port: int = _key(9090, description="(monitoring host) port Prometheus listens on, on loopback only",
                                 ge=1, le=65535)
     alertmanager_port: int = _key(9093, description="(monitoring host) port Alertmanager listens on, on loopback only",
@@ -95,12 +110,21 @@ class MonitoringKeys(ComponentKeys):
         "fires (GiB; at most 1,048,576 = 1 PiB)", ge=0, le=2**20,
     )
 
+
+class MonitoringKeys(MonitoringHostKeys, NodeMetricsKeys):
+    """Node metrics (every node with `monitoring_enabled`), Prometheus and Alertmanager (the `monitoring` host): an
+    inference node has both sets of keys."""
+
+
+class MonitoringHostConfig(PackageManagerKeys, MonitoringHostKeys):
+    """A monitoring-only host: in the group `monitoring`, in no serving cluster (no `cluster_name`). It runs
+    Prometheus and Alertmanager and nothing of an inference node (no driver, container runtime, model or service),
+    so a hang, an Xid or a driver reboot of a GPU node does not silence the lab. Its keys: the monitoring host's and
+    the package manager's; deploys/schema/cross_host.py (monitoring_host_data) says which of its data they come from."""
+
     @model_validator(mode="after")
-    def _monitoring_rules(self) -> MonitoringKeys:
-        if self.node_exporter_address is not None:
-            address = ipaddress.ip_address(self.node_exporter_address)
-            if address.is_unspecified or address.is_multicast:
-                raise KeyRuleError("node_exporter_address", self.node_exporter_address,
-                                   "one address of this node (not a wildcard: the exporter listens where the inventory "
-                                   "says)")
+    def _two_ports(self) -> MonitoringHostConfig:
+        if self.prometheus_port == self.alertmanager_port:
+            raise KeyRuleError("alertmanager_port", self.alertmanager_port,
+                               f"a port apart from prometheus_port ({self.prometheus_port})")
         return self

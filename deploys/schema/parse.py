@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from deploys.schema.control_files import control_file_problems
+from deploys.schema.monitoring import MonitoringHostConfig
 from deploys.schema.node import NodeConfig
 from deploys.schema.problems import MISSING, PYINFRA_KEYS, Problem, problems_from
 from deploys.unit_text import unprintable
@@ -54,17 +55,34 @@ def _as_gaps(host: str, gaps: Any, problems: list[Problem]) -> list[Problem]:
     ]
 
 
-def _parse_node(host: str, data: dict[str, Any]) -> tuple[NodeConfig | None, list[Problem]]:
+def parse_monitoring_host(host: str, data: dict[str, Any], asked: set[str]) -> tuple[MonitoringHostConfig | None, list[Problem]]:
+    """Validate a monitoring-only host's data (deploys/schema/cross_host.py monitoring_host_data): ``asked``, the keys
+    its own entry or the group `monitoring` sets, must be keys of a monitoring host; keys of the groups every host
+    is in (defaults for the lab's inference nodes) are read only where they are such keys."""
+    data = schema_data(data)
+    wrong = [Problem(host, key, data[key], "no key of a monitoring-only host (in the group `monitoring` and no "
+                     "serving cluster's: it runs Prometheus and Alertmanager only; give it a cluster_name to make it "
+                     "an inference node too)")
+             for key in sorted(asked) if key in data and key in NodeConfig.model_fields
+             and key not in MonitoringHostConfig.model_fields]
+    wrong_keys = {p.key for p in wrong}
+    kept = {k: v for k, v in data.items()
+            if k not in wrong_keys and (k in MonitoringHostConfig.model_fields or k in asked)}
+    cfg, problems = _parse_node(host, kept, MonitoringHostConfig)
+    return (None if wrong else cfg), wrong + problems
+
+
+def _parse_node(host: str, data: dict[str, Any], model: type = NodeConfig):
     """The config, or None when a key is wrong; a host whose keys are right but whose control-node files are not
     keeps its config beside those problems (a run limited to other hosts may leave it out: deploys/schema/cross_host.py)."""
     unprintable_keys = [key for key, value in data.items() if any(unprintable(s) for s in _strings(value))]
     problems = [Problem(host, key, data[key], UNPRINTABLE) for key in unprintable_keys]
     rest = {k: v for k, v in data.items() if k not in unprintable_keys}
     try:
-        cfg = NodeConfig.model_validate(rest)
+        cfg = model.model_validate(rest)
     except ValidationError as e:
         # a required key held back above is "missing" in `rest`: it is already reported
-        return None, problems + [p for p in problems_from(host, rest, e, NodeConfig, PYINFRA_KEYS)
+        return None, problems + [p for p in problems_from(host, rest, e, model, PYINFRA_KEYS)
                                  if p.key.split("[", 1)[0] not in unprintable_keys]
     if problems:
         return None, problems

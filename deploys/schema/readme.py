@@ -83,8 +83,6 @@ def markdown_table() -> str:
     lines = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
     for component, keys in COMPONENT_KEYS.items():
         for name, field in keys.model_fields.items():
-            if name not in keys.__annotations__:
-                continue
             default = "*required*" if field.is_required() else f"`{_fmt_default(field.default)}`"
             desc = (field.description or "").replace("|", "\\|")
             lines.append(f"| `{name}` ({component}) | {default} | {allowed_form(name, field)} | {desc} |")

@@ -35,6 +35,8 @@ import testinfra  # noqa: E402
 
 from deploys.inventory import LimitError, limited_hosts, load_inventory, ssh_options
 from deploys.schema import NodeConfig, validate_inventory
+from deploys.schema.cross_host import monitoring_only_validated
+from deploys.schema.monitoring import MonitoringHostConfig
 
 DEFAULT_INVENTORY = os.environ.get("AUDIT_INVENTORY", "inventories/lab.py")
 
@@ -66,7 +68,7 @@ def pytest_collection_modifyitems(config, items):
 @dataclass
 class Node:
     name: str
-    cfg: NodeConfig
+    cfg: NodeConfig  # (a MonitoringHostConfig for a monitoring-only host: the audits marked monitoring_only_host_too)
     host: object  # testinfra Host
 
 
@@ -82,7 +84,8 @@ def audited_inventory(inventory_file: str, limits: tuple[str, ...]) -> tuple[dic
     """(typed config and host data of every host validated, the names the limits select), the limits resolved as
     the deploy resolves its --limit (deploys/inventory.py hosts_matching): a limit that selects nothing is an
     error, never a green audit of nothing; profile gaps outside the limit's clusters are left out as the deploy
-    leaves them."""
+    leaves them. The configs are the inference nodes'; a monitoring-only host is in the data and the selection,
+    and its config in :func:`monitoring_only`."""
     from deploys.schema import InventoryValidationError
 
     inventory = load_inventory(inventory_file)
@@ -91,19 +94,30 @@ def audited_inventory(inventory_file: str, limits: tuple[str, ...]) -> tuple[dic
         configs = validate_inventory(inventory, limit)
     except (LimitError, InventoryValidationError) as e:  # the problems, naming host and key; never a traceback
         raise pytest.UsageError(str(e)) from None
-    selected = [h.name for h in (inventory if limit is None else limit)]
-    return configs, {h.name: h.data.dict() for h in inventory if h.name in configs}, selected
+    only = monitoring_only(inventory_file)
+    selected = [h.name for h in (inventory if limit is None else limit) if h.name in configs or h.name in only]
+    return configs, {h.name: h.data.dict() for h in inventory if h.name in configs or h.name in only}, selected
 
 
-def load_nodes(inventory_file: str, limits: tuple[str, ...]) -> list[tuple[str, NodeConfig, dict]]:
-    """(name, typed config, host data) of every host the limits select (all when none)."""
+@functools.cache
+def monitoring_only(inventory_file: str) -> dict[str, MonitoringHostConfig]:
+    """The monitoring-only host's config by name (none when the monitoring host is an inference node)."""
+    return monitoring_only_validated(load_inventory(inventory_file))[0]
+
+
+def load_nodes(inventory_file: str, limits: tuple[str, ...],
+               monitoring_only_too: bool = False) -> list[tuple[str, NodeConfig | MonitoringHostConfig, dict]]:
+    """(name, typed config, host data) of every inference node the limits select (all when none), and the
+    monitoring-only host's where ``monitoring_only_too``."""
     configs, data, selected = audited_inventory(inventory_file, limits)
-    return [(name, configs[name], data[name]) for name in selected]
+    only = monitoring_only(inventory_file) if monitoring_only_too else {}
+    return [(name, configs.get(name) or only[name], data[name]) for name in selected if name in configs or name in only]
 
 
 def pytest_generate_tests(metafunc):
     if "node_spec" in metafunc.fixturenames:
-        nodes = load_nodes(metafunc.config.getoption("inventory"), tuple(metafunc.config.getoption("limit")))
+        nodes = load_nodes(metafunc.config.getoption("inventory"), tuple(metafunc.config.getoption("limit")),
+                           metafunc.definition.get_closest_marker("monitoring_only_host_too") is not None)
         if "head_only" in metafunc.fixturenames:  # the serving gate runs against each cluster's head
             nodes = [n for n in nodes if n[1].node_rank == 0]
         metafunc.parametrize("node_spec", nodes, ids=[n[0] for n in nodes], scope="module")

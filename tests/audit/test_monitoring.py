@@ -15,7 +15,7 @@ import yaml
 
 from deploys.monitoring import host as mon_host, node as mon_node, rules as mon_rules
 from deploys.inventory import load_inventory
-from deploys.schema import validate_inventory
+from deploys.schema import NodeConfig, validate_inventory
 
 
 def _get(node, url: str) -> str:
@@ -35,10 +35,11 @@ def _watcher(pytestconfig) -> str | None:
     return mon_node.monitoring_host_name(inventory)
 
 
+@pytest.mark.monitoring_only_host_too
 def test_node_metrics_run_where_monitoring_is_on_and_nowhere_else(node):
     exporter = node.host.service(f"{mon_node.EXPORTER}.service")
     timer = node.host.service(f"{mon_node.FACTS}.timer")
-    if not node.cfg.monitoring_enabled:
+    if not getattr(node.cfg, "monitoring_enabled", False):  # (a monitoring-only host runs no node metrics)
         assert not exporter.is_running and not timer.is_running, f"{node.name}: node metrics run, monitoring is off"
         assert not node.host.file(mon_node.FACTS_CONFIG).exists
         return
@@ -63,6 +64,7 @@ def test_the_exporter_serves_fresh_toolkit_metrics(node):
         assert "inference_nodes_serving_gate_ok" in values, f"{node.name}: no serving gate verdict among its metrics"
 
 
+@pytest.mark.monitoring_only_host_too
 def test_the_monitoring_host_scrapes_every_target_and_loads_every_alert(node, pytestconfig):
     watcher = _watcher(pytestconfig)
     if node.name != watcher:
@@ -93,3 +95,16 @@ def test_the_monitoring_host_scrapes_every_target_and_loads_every_alert(node, py
     mine = [line.split()[3] for line in listen.splitlines() if '(("prometheus",' in line or '(("prometheus-aler",' in line]
     assert sorted(mine) == sorted([f"127.0.0.1:{node.cfg.prometheus_port}", f"127.0.0.1:{node.cfg.alertmanager_port}"]), \
         f"{node.name}: Prometheus/Alertmanager listen on {mine}, not loopback only"
+
+
+@pytest.mark.monitoring_only_host_too
+def test_a_monitoring_only_host_runs_nothing_of_an_inference_node(node):
+    """A monitoring-only host (the group `monitoring`, no serving cluster) has the toolkit's Prometheus and
+    Alertmanager and nothing of a GPU node: no NVIDIA package, no Podman, no service of the toolkit's but those two."""
+    if isinstance(node.cfg, NodeConfig):
+        return  # an inference node: the other audits say what it runs
+    units = node.host.check_output("systemctl list-unit-files 'inference-nodes*' --no-legend --plain | cut -d' ' -f1")
+    assert sorted(units.split()) == sorted(f"{u}.service" for u in (mon_host.PROMETHEUS, mon_host.ALERTMANAGER)), units
+    packages = node.host.run("dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' '*nvidia*' podman 2>/dev/null")
+    installed = [line.split()[-1] for line in packages.stdout.splitlines() if line.startswith("ii")]
+    assert installed == [], f"{node.name}: a monitoring-only host has {', '.join(installed)} installed"

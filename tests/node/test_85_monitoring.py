@@ -14,7 +14,7 @@ import requests
 
 from deploys.monitoring import dashboard as mon_dashboard, host as mon_host, rules as mon_rules
 from deploys.inventory import inventory_configs, load_inventory
-from tests.node.conftest import INVENTORY, on_node, wait_serving
+from tests.node.conftest import INVENTORY, changed_operations, on_node, wait_serving
 
 pytestmark = pytest.mark.monitoring  # the node tier's subject (`make test-fast SUBJECT=monitoring`)
 
@@ -147,6 +147,66 @@ def test_a_failing_alerts_webhook_holds_the_watchdog_back_so_the_dead_mans_switc
                           and w, timeout=60)
         assert held["status"]["silencedBy"] == [], held
         assert hook.received("SandboxDrill", "/alerts") == [], "the refusing webhook took nothing"
+
+
+def test_a_monitoring_host_of_its_own_serves_no_model_and_watches_the_lab(sandbox, tmp_path):
+    """Issue 53: the monitoring host need not be an inference node. A fourth sandbox node, in the group `monitoring`
+    and no cluster, converged alone: the run is validate, the package manager and the monitoring host's step (no
+    driver, runtime, model or service), a second run changes nothing, its Prometheus scrapes every node's exporter and
+    sandbox-a's vLLM through its endpoint, its Alertmanager delivers the Watchdog to its own dead man's switch, and the
+    audit of it passes. The nodes' own monitoring host (sandbox-a) is left as it was."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.node.conftest import NODE_SH, inventory_copy, pyinfra
+    from tests.sandbox.webhook_listener import WebhookListener
+
+    url = tmp_path / "watchdog-m-url"
+    url.write_text("http://127.0.0.1:9199/watchdog-m\n")
+    os.chmod(url, 0o600)
+    inventory = inventory_copy(tmp_path)
+    with open(inventory, "a") as f:
+        f.write(f"""
+monitoring = [("sandbox-m", {{"ssh_hostname": "127.0.0.1", "ssh_port": 2205, "ssh_user": "root",
+                             "ssh_key": f"{{_DIR}}/ssh/id_ed25519", "ssh_strict_host_key_checking": "off",
+                             "ssh_known_hosts_file": "/dev/null", "_sudo": False,
+                             **_monitoring_host(), "prometheus_port": 9290, "alertmanager_port": 9293,
+                             "alertmanager_watchdog_url_file": "{url}"}})]
+""")
+    try:
+        up = subprocess.run([NODE_SH, "up", "sandbox-m", "2205", "0"], capture_output=True, text=True)
+        assert up.returncode == 0, up.stderr[-3000:]
+        # a bare host: the sandbox's rootfs carries Podman for the inference nodes (tests/sandbox/node.sh PKGS)
+        purge = on_node("sandbox-m", "DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq podman >/dev/null 2>&1; "
+                                     "command -v podman")
+        assert purge.returncode != 0, purge.stdout
+        with WebhookListener() as hook:
+            since = time.time()
+            first = json.loads(pyinfra("--json", inventory, "deploys/all.py", "--limit", "sandbox-m").stdout)
+            steps = {op["name"].split(" | ")[0] for op in first["results"]["operations"]}
+            assert steps == {"Package manager", "Monitoring host"}, steps
+            second = pyinfra("--json", inventory, "deploys/all.py", "--limit", "sandbox-m")
+            assert changed_operations(second) == []
+            for program in ("podman", "nvidia-smi"):
+                assert on_node("sandbox-m", f"command -v {program}").returncode != 0, f"{program} on the monitoring host"
+            base = "http://127.0.0.1:9290"
+
+            def targets_up() -> set[tuple[str, str]]:
+                targets = requests.get(base + "/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+                return {(t["labels"].get("host"), t["labels"]["job"]) for t in targets if t["health"] == "up"}
+            want = {("sandbox-a", "node"), ("sandbox-b0", "node"), ("sandbox-b1", "node"), ("sandbox-a", "vllm"),
+                    ("sandbox-m", "prometheus"), ("sandbox-m", "alertmanager")}
+            eventually("every target of the lab up on sandbox-m's Prometheus", lambda: want <= targets_up(), timeout=120)
+            eventually("the Watchdog at sandbox-m's dead man's switch",
+                       lambda: hook.received("Watchdog", "/watchdog-m", since), timeout=120)
+        audit = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/audit/test_monitoring.py", "--inventory",
+                                inventory, "--limit", "sandbox-m"],
+                               capture_output=True, text=True, timeout=300)
+        assert audit.returncode == 0 and audit.stdout.strip().splitlines()[-1].startswith("3 passed"), audit.stdout[-3000:]
+    finally:
+        subprocess.run([NODE_SH, "down", "sandbox-m"], capture_output=True)
 
 
 def test_a_reload_that_failed_or_a_hand_edit_loaded_is_repaired_by_the_next_converge(sandbox):

@@ -10,12 +10,13 @@ from deploys.inventory import inventory_configs, load_inventory
 
 def sandbox_nodes(inventory_file: str = "inventories/sandbox.py") -> list[tuple[str, int, int, str, str]]:
     """(name, ssh port, stand-in GPU count = the node's gpu_indices, fabric address or '-', `preinstalled` for a
-    DGX OS node whose driver node.sh preinstalls, else '-') for every host."""
+    DGX OS node whose driver node.sh preinstalls, else '-') for every host; a monitoring-only host has no GPU."""
     inventory = load_inventory(inventory_file)
     configs = inventory_configs(inventory)
     return [(h.name, int(h.data.ssh_port), max(configs[h.name].gpu_indices) + 1,
              configs[h.name].fabric_address or "-",
-             "preinstalled" if configs[h.name].nvidia_driver_source == "preinstalled" else "-") for h in inventory]
+             "preinstalled" if configs[h.name].nvidia_driver_source == "preinstalled" else "-")
+            if h.name in configs else (h.name, int(h.data.ssh_port), 0, "-", "-") for h in inventory]
 
 
 def generate_manifests(inventory_file: str = "inventories/sandbox.py", endpoint: str = "http://127.0.0.1:8802"):
@@ -76,7 +77,9 @@ def monitoring_lines(inventory_file: str = "inventories/sandbox.py") -> list[str
     watcher = monitoring_host_name(inventory)
     if watcher is None:
         return ["no monitoring host in this inventory (group `monitoring`)"]
-    url = prometheus_url(inventory_configs(inventory)[watcher])
+    from deploys.inventory import host_config
+
+    url = prometheus_url(host_config(inventory.get_host(watcher)))
     with urllib.request.urlopen(url + "/api/v1/alerts", timeout=10) as r:
         alerts = json.load(r)["data"]["alerts"]
     with urllib.request.urlopen(url + "/api/v1/targets", timeout=10) as r:

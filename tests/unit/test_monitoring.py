@@ -338,6 +338,62 @@ def test_a_monitoring_host_without_a_dead_mans_switch_is_warned_about(tmp_path, 
     assert monitoring_warnings(watched, validate_inventory(watched)) == []
 
 
+def _with_watcher(tmp_path, watcher: dict, everyone: dict | None = None):
+    """Node A's cluster (its exporter on a LAN address) and a host of its own in the group `monitoring`, its entry
+    ``watcher``; ``everyone``: keys group_data/all.py sets for every host."""
+    a = {**node_a()["node-a"], "monitoring_enabled": True, "node_exporter_address": "192.0.2.10"}
+    (tmp_path / "group_data").mkdir(exist_ok=True)
+    (tmp_path / "group_data" / "all.py").write_text("".join(f"{k} = {v!r}\n" for k, v in (everyone or {}).items()))
+    path = tmp_path / f"inv{len(list(tmp_path.glob('inv*.py')))}.py"
+    path.write_text(f"""one = [("n1", {a!r})]\nmonitoring = [("mon", {{"ssh_hostname": "192.0.2.99", **{watcher!r}}})]\n""")
+    return load_inventory(str(path))
+
+
+def test_a_monitoring_host_in_no_cluster_is_no_inference_node(tmp_path):
+    """A host of the group `monitoring` without a cluster_name validates with the monitoring host's and the package
+    manager's keys alone (none of an inference node's are required); keys the layers every host shares set for the
+    inference nodes are not its; an inference key on its own entry is refused, naming it."""
+    from deploys.schema.cross_host import monitoring_only_validated, monitoring_warnings
+
+    inventory = _with_watcher(tmp_path, {"prometheus_port": 9290, "apt_lock_timeout_s": 60},
+                              everyone={"model_size_gb": 3, "alert_for_s": 20})
+    assert set(validate_inventory(inventory)) == {"n1"}  # the inference nodes
+    only, problems = monitoring_only_validated(inventory)
+    assert problems == [] and set(only) == {"mon"}
+    mon = only["mon"]
+    assert (mon.prometheus_port, mon.apt_lock_timeout_s, mon.alert_for_s) == (9290, 60, 20)  # a layer's key of its own
+    assert not hasattr(mon, "model_size_gb") and not hasattr(mon, "image")
+    assert "host mon: alertmanager_watchdog_url_file is unset" in monitoring_warnings(inventory, validate_inventory(inventory))[0]
+    conf = yaml.safe_load(mon_host.render_prometheus(validate_inventory(inventory), mon, "mon"))
+    assert conf["scrape_configs"][0]["static_configs"][0]["targets"] == ["192.0.2.10:9100"]  # n1's LAN exporter
+    assert [j["job_name"] for j in conf["scrape_configs"]] == ["node", "vllm-n1", "prometheus", "alertmanager"]
+
+    wrong = _with_watcher(tmp_path, {"image": "registry.example/x:1", "service_restart_sec": 5})
+    with pytest.raises(InventoryValidationError) as err:
+        validate_inventory(wrong)
+    text = str(err.value)
+    assert "host mon: key 'image' = 'registry.example/x:1': expected no key of a monitoring-only host" in text
+    assert "host mon: key 'service_restart_sec'" in text and "host n1" not in text
+    typo = _with_watcher(tmp_path, {"prometheus_prot": 9290})
+    with pytest.raises(InventoryValidationError, match="host mon: key 'prometheus_prot'"):
+        validate_inventory(typo)
+    same = _with_watcher(tmp_path, {"prometheus_port": 9293, "alertmanager_port": 9293})
+    with pytest.raises(InventoryValidationError, match="host mon: key 'alertmanager_port' = 9293: expected a port apart"):
+        validate_inventory(same)
+
+
+def test_a_monitoring_only_host_renders_its_monitoring_files_alone(tmp_path):
+    from deploys import apt_state
+    from deploys.render import render_inventory
+
+    _with_watcher(tmp_path, {"prometheus_port": 9290})
+    out = tmp_path / "out"
+    written = render_inventory(str(sorted(tmp_path.glob("inv*.py"))[-1]), str(out), ["mon"])
+    have = sorted(os.path.relpath(p, out / "mon") for p in written)
+    assert have == sorted(p.lstrip("/") for p in (apt_state.LOCK_DROPIN, *mon_host.HOST_FILES,
+                                                  mon_host.scrape_key_path("n1"))), have
+
+
 @pytest.mark.parametrize("keys,key", [
     ({"node_exporter_address": "0.0.0.0"}, "node_exporter_address"),
     ({"node_exporter_address": "lan"}, "node_exporter_address"),
