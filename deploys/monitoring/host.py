@@ -163,7 +163,11 @@ def render_prometheus_unit(me: MonitoringHostKeys, keys: list[str]) -> str:
     as root before it (an `ExecReload=` process cannot read the service's credentials: seen with systemd 257)."""
     argv = ["/usr/bin/prometheus", f"--config.file={PROMETHEUS_CONF}", f"--storage.tsdb.path=/var/lib/{PROMETHEUS}",
             f"--storage.tsdb.retention.time={me.prometheus_retention_days}d",
-            f"--web.listen-address=127.0.0.1:{me.prometheus_port}"]
+            f"--web.listen-address=127.0.0.1:{me.prometheus_port}",
+            # a reload empties Prometheus's list of Alertmanagers until its discovery fills it again, and an alert
+            # that fires meanwhile is dropped and sent again only after this delay (1 m by default: a failed
+            # reload's own alert reached the receiver after 63 s; prometheus/prometheus#13064)
+            f"--rules.alert.resend-delay={me.prometheus_scrape_interval_s}s"]
     check = command_line(["/usr/bin/promtool", "check", "config", PROMETHEUS_CONF])
     loads = "".join(f"LoadCredential={unit_word(f'{scrape_key_id(h)}:{scrape_key_path(h)}')}\n" for h in keys)
     return f"""# inference-nodes: Prometheus for the inventory's nodes (deploys/monitoring.py)

@@ -561,3 +561,12 @@ def test_a_running_unit_whose_credential_copy_differs_from_what_the_converge_wri
     a, b = (mon_host.loaded_path(mon_host.PROMETHEUS, mon_host.scrape_key_id(h)) for h in ("a", "b"))
     assert mon_host.loaded_differs({a: info("k1\n"), b: None}, {a: "k1\n", b: "k2\n"}), "a key it never loaded"
     assert not mon_host.loaded_differs({}, {}), "no scrape key at all"
+
+
+def test_prometheus_resends_a_firing_alert_every_evaluation():
+    """A reload empties Prometheus's Alertmanager list until discovery fills it; an alert that fires in between is
+    dropped and sent again after --rules.alert.resend-delay (1 m by default: the failed reload's own alert reached the
+    receiver after 63 s). The unit sets it to the evaluation interval."""
+    unit = mon_host.render_prometheus_unit(_me(), [])
+    [start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert f"--rules.alert.resend-delay={_me().prometheus_scrape_interval_s}s" in start.split()
