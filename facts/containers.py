@@ -214,3 +214,22 @@ class ReleasesOnDisk(FactBase[ReleasesOnDiskDict]):
             raise FactProcessError(f"ReleasesOnDisk: not the pruner's plan: {text[-300:]!r}") from None
         return {"history": int(plan.get("history", 0)), "paths": list(plan.get("paths", [])),
                 "images": list(plan.get("images", [])), "recorded": bool(plan.get("recorded", True))}
+
+
+class ReleaseStanding(FactBase[dict]):
+    """A head's release records in one read (deploys/lab_status.py): the release its last serving gate passed with,
+    that gate's verdict, the releases that passed before (a list) and the failed-release record, each ``None`` when
+    absent or unreadable (a damaged record is none)."""
+
+    def command(self, passed: str, last: str, history: str, failed: str) -> str:
+        paths = json.dumps({"passed": passed, "last": last, "history": history, "failed": failed})
+        code = ("import json,sys\nout={}\nfor k,p in json.loads(sys.argv[1]).items():\n"
+                " try:\n  out[k]=json.load(open(p))\n except Exception:\n  out[k]=None\nprint(json.dumps(out))")
+        return f"python3 -c {shlex.quote(code)} {shlex.quote(paths)}"
+
+    def process(self, output: list[str]) -> dict:
+        try:
+            seen = json.loads("\n".join(output))
+        except ValueError as e:
+            raise FactProcessError(f"release records: {e}") from None
+        return {k: seen.get(k) for k in ("passed", "last", "history", "failed")}

@@ -598,6 +598,13 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
                              text=True, timeout=300)
     assert differs.returncode == 1 and "@7872f01b1d1f" in differs.stdout, differs.stdout[-3000:]
     assert "the inventory asks for release " in differs.stdout and f"@{BROKEN_COMMIT[:12]}" in differs.stdout
+    # where the lab stands (deploys/lab_status.py) for that inventory: the asked release failed, the good one serves
+    standing = subprocess.run([sys.executable, "-m", "deploys.lab_status", asking, "--limit", node, "--json"],
+                              capture_output=True, text=True, timeout=120)
+    [row] = json.loads(standing.stdout)
+    assert standing.returncode == 1 and row["state"] == "failed, rolled back", (row, standing.stderr[-2000:])
+    assert row["live"]["model_revision"] == "7872f01b1d1fe23eabc4c98b48bffcef5a386062", row
+    assert row["asked"]["model_revision"] == row["failed"]["model_revision"] == BROKEN_COMMIT, row
     # the next converge of the inventory as it is prunes the failed commit: its snapshot and the blobs only it links
     # to go; the blobs it shares with the good commit (config, tokenizer) stay, and the good snapshot still verifies
     cache = "/mnt/data/hf/hub/models--deepseek-ai--DeepSeek-V4-Flash-0731"

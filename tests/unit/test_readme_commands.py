@@ -48,6 +48,9 @@ EXPECTED = {
     ".venv/bin/pyinfra -y inventories/lab.py deploys/all.py --limit gb10-dspark": (1, B, [f"[{B[0]}]", f"[{B[1]}]", "No hosts remaining"]),
     ".venv/bin/pytest tests/audit --inventory inventories/lab.py --limit gb10-dspark": (1, B, [f"[{B[0]}]", f"[{B[1]}]"]),
     ".venv/bin/pyinfra inventories/lab.py exec -- uptime": (1, sorted(A + B + C), [GAP, "exec runs anyway"]),
+    # the cluster's head alone is read; a listener that is no SSH server is a head not reached
+    ".venv/bin/python -m deploys.lab_status inventories/lab.py --limit gb10-dspark":
+        (1, [B[0]], [f"gb10-dspark  {B[0]}  unreachable", f"[{B[0]}]   SSH error"]),
 }
 
 
