@@ -54,6 +54,7 @@ unit: venv
 demo: venv sandbox-deps
 	$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port gpus fabric driver; do $(NODE_SH) up "$$name" "$$port" "$$gpus" "$$fabric" "$$driver" </dev/null || exit 1; done
 	$(BIN)/python -m tests.sandbox.nodes --manifests
+	$(NODE_SH) listener
 	$(BIN)/pyinfra -y $(SANDBOX_INVENTORY) deploys/all.py
 	AUDIT_INVENTORY=$(SANDBOX_INVENTORY) $(BIN)/python -m pytest -q tests/audit
 	@echo "Serving smoke against the real vLLM on every head (the converge already passed it):"
@@ -64,7 +65,7 @@ demo: venv sandbox-deps
 	@echo
 	@echo "Monitoring (Prometheus and Alertmanager on the monitoring host; the alerts active now):"
 	@$(BIN)/python -m tests.sandbox.nodes --monitoring $(SANDBOX_INVENTORY)
-	@echo "Alert notifications as the webhook receives them:  $(BIN)/python -m tests.sandbox.webhook_listener"
+	@echo "Alert notifications as the receiver takes them:  tail -f $${SANDBOX_DIR:-/var/tmp/inference-nodes-sandbox}/monitoring/webhook.log"
 	@echo
 	@echo "Sandbox nodes are running:"
 	@$(BIN)/python -m tests.sandbox.nodes $(SANDBOX_INVENTORY) | while read -r name port gpus fabric driver; do echo "  $$name  ssh -F $${SANDBOX_DIR:-/var/tmp/inference-nodes-sandbox}/ssh/config $$name   (or: $(NODE_SH) ssh $$name)"; done

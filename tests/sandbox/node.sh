@@ -335,8 +335,22 @@ hub() {
   fi
 }
 
+# The demo's alert receiver (webhook_listener.py: the sandbox inventory's webhook and dead man's switch URLs) on
+# 127.0.0.1:9199, printing each notification into $SANDBOX_DIR/monitoring/webhook.log; stopped with the stand-ins
+# (down-all, which the node tests run first: they listen on that port themselves).
+listener() {
+  local pid; pid=$(cat "$SANDBOX_DIR/webhook.pid" 2>/dev/null || true)
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && return 0
+  mkdir -p "$SANDBOX_DIR/monitoring"
+  setsid python3 "$(dirname "$0")/webhook_listener.py" </dev/null >"$SANDBOX_DIR/monitoring/webhook.log" 2>&1 &
+  echo $! > "$SANDBOX_DIR/webhook.pid"
+  for _ in $(seq 50); do grep -q "listening on" "$SANDBOX_DIR/monitoring/webhook.log" 2>/dev/null && return 0; sleep 0.1; done
+  log "the webhook listener did not start: $(cat "$SANDBOX_DIR/monitoring/webhook.log")"; return 1
+}
+
 stop_standins() {
   local p; p=$(cat "$REGISTRY/pid" 2>/dev/null || true); [ -n "$p" ] && kill "$p" 2>/dev/null; rm -f "$REGISTRY/pid"
+  p=$(cat "$SANDBOX_DIR/webhook.pid" 2>/dev/null || true); [ -n "$p" ] && kill "$p" 2>/dev/null; rm -f "$SANDBOX_DIR/webhook.pid"
   p=$(cat "$SANDBOX_DIR/hub.pid" 2>/dev/null || true); [ -n "$p" ] && kill "$p" 2>/dev/null; rm -f "$SANDBOX_DIR/hub.pid"
   local pid; pid=$(cat "$SANDBOX_DIR/repo-server.pid" 2>/dev/null || true)
   [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -f "$SANDBOX_DIR/repo-server.pid"; true
@@ -527,9 +541,10 @@ case ${1:-} in
   up) [ $# -ge 3 ] || { echo "usage: $0 up NAME PORT [GPUS] [FABRIC_ADDR] [DRIVER]" >&2; exit 2; }
       up "$2" "$3" "${4:-1}" "${5:--}" "${6:--}" ;;
   standins) deps; standins ;;
+  listener) listener ;;
   vllm-image) deps; build; registry; vllm_image; cat "$VLLM_STORE/digest" ;;
   down) [ $# -eq 2 ] || { echo "usage: $0 down NAME" >&2; exit 2; }; down "$2" ;;
   down-all) down_all ;;
   ssh) shift; name=$1; shift; exec ssh -F "$SSHCFG" "$name" "$@" ;;
-  *) echo "usage: $0 deps|build|standins|vllm-image|up NAME PORT [GPUS] [FABRIC] [DRIVER]|down NAME|down-all|ssh NAME [cmd]" >&2; exit 2 ;;
+  *) echo "usage: $0 deps|build|standins|listener|vllm-image|up NAME PORT [GPUS] [FABRIC] [DRIVER]|down NAME|down-all|ssh NAME [cmd]" >&2; exit 2 ;;
 esac

@@ -89,7 +89,26 @@ def monitoring_lines(inventory_file: str = "inventories/sandbox.py") -> list[str
     lines += [f"    {a['state']:8} {a['labels'].get('alertname')}"
               + (f" on {a['labels']['host']}" if a["labels"].get("host") else " (the monitoring itself)")
               + f": {a.get('annotations', {}).get('summary', '')}" for a in alerts] or ["    no alert is active"]
-    return lines
+    return lines + delivered_lines()
+
+
+def delivered_lines() -> list[str]:
+    """What the demo's receiver (tests/sandbox/node.sh listener) took: the dead man's switch's pings and every other
+    notification, from its log."""
+    import os
+
+    log = os.path.join(os.environ.get("SANDBOX_DIR", "/var/tmp/inference-nodes-sandbox"), "monitoring", "webhook.log")
+    try:
+        with open(log) as f:
+            lines = [line.rstrip("\n") for line in f if line[:1].isdigit()]
+    except FileNotFoundError:
+        return [f"  no receiver log ({log}): `tests/sandbox/node.sh listener` starts it"]
+    pings = [line for line in lines if "dead man's switch" in line]
+    others = [line for line in lines if "dead man's switch" not in line]
+    out = [f"  Delivered to the receiver on 127.0.0.1:9199 ({log}):",
+           f"    dead man's switch (/watchdog): {len(pings)} Watchdog ping(s)"
+           + (f", the last at {pings[-1].split()[0]}" if pings else " (none: it would page)")]
+    return out + ([f"    alerts webhook (/alerts): {line}" for line in others] or ["    alerts webhook (/alerts): nothing"])
 
 
 if __name__ == "__main__":

@@ -88,11 +88,11 @@ def main() -> int:
             while True:
                 time.sleep(1)
                 for alert in listener.alerts[seen:]:
-                    labels = alert.get("labels", {})
+                    labels, at = alert.get("labels", {}), time.strftime("%H:%M:%S", time.localtime(alert["received"]))
                     if alert["path"] == "/watchdog":
-                        print(f"dead man's switch: pinged by {labels.get('alertname')}", flush=True)
+                        print(f"{at} dead man's switch: pinged by {labels.get('alertname')}", flush=True)
                         continue
-                    print(f"{alert.get('status'):8} {labels.get('alertname')} on {labels.get('host')}: "
+                    print(f"{at} {alert.get('status'):8} {labels.get('alertname')} on {labels.get('host')}: "
                           f"{alert.get('annotations', {}).get('summary', '')}", flush=True)
                 seen = len(listener.alerts)
         except KeyboardInterrupt:
