@@ -3,7 +3,8 @@ served before, and its state against the inventory, read from every head in one 
 
     python -m deploys.lab_status INVENTORY [--limit HOST_GROUP_OR_CLUSTER ...] [--json]
 
-States (``cluster_standing``): `live` (the inventory's release serves, gated), `behind inventory` (another release
+States (``cluster_standing``; a release is its id: the unit, its environments and the model manifest hashed, as the
+converge names it): `live` (the inventory's release serves, gated), `behind inventory` (another release
 serves: the next converge or rollout switches it), `failed, rolled back` (the inventory's release failed here and the
 previous one serves again: a converge holds its switch back until `retry_failed_release`), `failed, not serving`, `gate
 failing` (the release that serves failed its last gate: a hand-run audit or a failed restart), `not deployed` (no gate
@@ -38,13 +39,31 @@ def _release(record: dict | None) -> dict | None:
 
 
 def _same(a: dict | None, b: dict | None) -> bool:
-    """Two releases are the same as the inventory names one: its image and its model commit."""
-    return bool(a and b) and (a.get("image"), a.get("model_revision")) == (b.get("image"), b.get("model_revision"))
+    """Two releases are the same: their release ids (the unit, its environments and the model manifest, hashed), or
+    where one has none, their image and model commit."""
+    if not (a and b):
+        return False
+    if a.get("release") and b.get("release"):
+        return a["release"] == b["release"]
+    return (a.get("image"), a.get("model_revision")) == (b.get("image"), b.get("model_revision"))
 
 
-def cluster_standing(cluster: str, head: str, cfg: NodeConfig, seen: dict | None) -> dict:
-    """One cluster's row from what its head keeps (``seen``: ReleaseStanding's answer; None: not reached)."""
-    asked = {"image": cfg.image_ref, "model_revision": cfg.model_revision}
+def asked_release(configs: dict[str, NodeConfig], head: str) -> dict:
+    """The release the inventory asks of ``head``'s cluster, with its id as the converge computes it (release_of)."""
+    from deploys.schema import cluster_of
+    from deploys.service.release import release_of
+    from deploys.service.unit import fingerprint, render_container
+
+    cfg, cluster = configs[head], cluster_of(configs, head)
+    unit = render_container(cfg, cluster.head, cluster.size, cluster.members)
+    released = release_of(cfg, fingerprint(unit, cfg, cluster.head, cluster.size))
+    return {k: released[k] for k in ("release", "image", "model_revision")}
+
+
+def cluster_standing(cluster: str, head: str, cfg: NodeConfig, seen: dict | None, asked: dict | None = None) -> dict:
+    """One cluster's row from what its head keeps (``seen``: ReleaseStanding's answer; None: not reached); ``asked``:
+    the release the inventory asks (asked_release; default: its image and model commit, no id)."""
+    asked = asked or {"image": cfg.image_ref, "model_revision": cfg.model_revision}
     row = {"cluster": cluster, "head": head, "asked": asked, "live": None, "previous": None, "failed": None,
            "last_gate": None}
     if seen is None:
@@ -145,7 +164,8 @@ def main(argv: list[str]) -> int:
         return 2
     wanted = heads(configs, None if limit is None else {h.name for h in limit})
     seen = read_standings(inventory, wanted)
-    rows = [cluster_standing(cluster, name, cfg, seen.get(name)) for cluster, name, cfg in wanted]
+    rows = [cluster_standing(cluster, name, cfg, seen.get(name), asked_release(configs, name))
+            for cluster, name, cfg in wanted]
     print(json.dumps(rows, indent=1, sort_keys=True) if args.json else format_table(rows))
     return 0 if all(r["state"] == LIVE for r in rows) else 1
 

@@ -1,7 +1,9 @@
 """A release held back on the host being prepared, for this run (deploys/service/failed_release.py decides it: the
 inventory asks for a release that failed here before). The steps that make a release (the image pull, the model
 snapshot and its deep verify, the service) skip themselves while it is held; the endpoint and the node's metrics,
-which converge as usual, point at the release that serves, whose API may differ from the one asked for."""
+which converge as usual, point at the release that serves, whose API may differ from the one asked for. The same
+for a run that only stages the release (`release_stage_only`: a rollout's first phase): everything converges but the
+switch, and the endpoint and metrics stay in front of the release that serves."""
 
 from __future__ import annotations
 
@@ -38,8 +40,24 @@ def release_held() -> str | None:
     return held[0] if held else None
 
 
+_DEFERRED = "switch deferred"
+
+
+def defer(served: dict | None) -> None:
+    """Keep that this run stages the release the inventory asks for and leaves the switch to a later run
+    (`release_stage_only`), with the served release's record (its API)."""
+    keep(ctx_host.get(), _DEFERRED, served or {})
+
+
+def switch_deferred() -> bool:
+    """Whether the host being prepared stages its release only, this run (deploys/rollout/: the stage phase)."""
+    return kept(ctx_host.get(), _DEFERRED, lambda: None) is not None
+
+
 def as_served(cfg: NodeConfig) -> NodeConfig:
-    """``cfg`` with the API of the release that serves where the one asked for is held back (else ``cfg``)."""
+    """``cfg`` with the API of the release that serves where the one asked for is held back or only staged (else
+    ``cfg``)."""
     held = kept(ctx_host.get(), _HELD, lambda: None)
-    api = release_api_of(held[1]) if held else {}
+    served = held[1] if held else kept(ctx_host.get(), _DEFERRED, lambda: None)
+    api = release_api_of(served) if served else {}
     return cfg.model_copy(update=api) if api else cfg

@@ -95,7 +95,8 @@ def cluster_problems(configs: dict[str, NodeConfig]) -> list[Problem]:
                                         f"{cluster} runs on its head (rank 0), the one node with an API"))
         for key in ("model_repo", "model_revision", "model_manifest", "image", "image_digest", "tensor_parallel_size",
                     "vllm_launch", "vllm_command", "vllm_args", "vllm_speculative_config", "served_model_name", "vllm_master_port",
-                    "container_exec", "service_env", "model_mount", "model_layout", "gpu_indices"):
+                    "container_exec", "service_env", "model_mount", "model_layout", "gpu_indices", "rollout_canary",
+                    "release_stage_only"):
             values = {repr(getattr(cfg, key)) for _, cfg in members}
             if len(values) > 1:
                 for name, cfg in members:

@@ -24,6 +24,7 @@ from deploys.schema.image import ImageKeys
 from deploys.schema.model import ModelKeys
 from deploys.schema.nvidia_driver import NvidiaDriverKeys
 from deploys.schema.package_manager import PackageManagerKeys
+from deploys.schema.rollout import RolloutKeys
 from deploys.schema.base import KeyRuleError
 from files.model_snapshot.snapshot_manifest import inside
 
@@ -31,7 +32,7 @@ NEEDLE_ANSWER_TOKENS = 16  # files/serving_gate/needle.py MAX_TOKENS (a script r
 
 
 class NodeConfig(ClusterKeys, ModelKeys, ImageKeys, ContainerKeys, HostTuningKeys, NvidiaDriverKeys,
-                 ContainerRuntimeKeys, PackageManagerKeys, GateKeys, EndpointKeys, MonitoringKeys):
+                 ContainerRuntimeKeys, PackageManagerKeys, GateKeys, EndpointKeys, MonitoringKeys, RolloutKeys):
     """Every key for one node, validated. Derived values are properties."""
 
     @model_validator(mode="after")
@@ -238,6 +239,7 @@ COMPONENT_KEYS: dict[str, type[ComponentKeys]] = {
     "serving_gate": GateKeys,
     "endpoint": EndpointKeys,
     "monitoring": MonitoringKeys,
+    "rollout": RolloutKeys,
 }
 
 

@@ -18,7 +18,7 @@ from deploys.host_tuning import render_fabric_env
 from deploys.inventory import cluster_member_names, node_cluster, node_config
 from deploys.model.snapshot import GATE, MANIFEST, render_gate
 from deploys.ops import atomic_put, directory_present, follow_up_reads, secret_file, staged_path
-from deploys.run.held import release_held
+from deploys.run.held import release_held, switch_deferred
 from deploys.run.reads import expect
 from deploys.schema import NodeConfig
 from deploys.service.launch_check import args_check_command, vllm_accepts
@@ -27,7 +27,7 @@ from deploys.service.release import gate_record_path, release_of
 from deploys.service.restart import (cluster_changes_whole, door_closed_for_the_switch, model_release_switched,
                                      service_current, service_files_placed, started_from_reads, switch_marked)
 from deploys.service.backoff import backoff_reads, backoff_reset_installed
-from deploys.service.switch import service_serving, switch_leftovers
+from deploys.service.switch import service_serving, switch_left_for_later, switch_leftovers
 from deploys.service.unit import (
     ARGS_CHECK,
     JOB_PROBE,
@@ -99,6 +99,9 @@ def inference_service():
                user="root", group="root", mode="0644", create_remote_dir=True, same_as=unit_path)
     staged = tuple((path, hashlib.sha256(text.encode()).hexdigest())
                    for path, text in zip(live, (unit_text, env_text, render_fabric_env(cfg))))
+    if switch_deferred():  # a rollout's stage phase: the switch is a later run's (deploys/run/held.py)
+        switch_left_for_later(name="Leave the switch to a later run (release_stage_only)", release=release_of(cfg, fp))
+        return
     service_files_placed(name="Put the unit and environment in place (now, or at the restart once the door closed)",
                          service=service, started_from=started, fingerprint=fp, staged=staged, batch=batch)
     if cfg.is_head:

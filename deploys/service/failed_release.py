@@ -20,7 +20,7 @@ from pyinfra.api import deploy
 from deploys.inventory import node_cluster, node_config
 from deploys.ops import fail_host
 from deploys.run.reads import operation, read
-from deploys.run.held import hold, release_held
+from deploys.run.held import defer, hold, release_held
 from deploys.service.release import failed_release_path, gate_record_path, release_named, release_of
 from deploys.service.unit import fingerprint, render_container
 from facts.containers import GatePassed, JsonRecord
@@ -92,6 +92,8 @@ def release_asked():
     held, why = decision(host.name, read(host, JsonRecord, path=failed_release_path(cfg)), asked_release(),
                          cfg.retry_failed_release)
     hold(why if held else None, served_release() if held else None)
+    if cfg.release_stage_only and not held:
+        defer(served_release())
     failed_release_not_retried(name="Do not switch to a release that failed here", held=held, why=why)
 
 

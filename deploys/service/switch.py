@@ -309,6 +309,19 @@ def service_serving(service: str, started_from: str, fingerprint: str, release: 
         host.noop(f"{service} runs the rendered launch (its head's gate checks the job)")
 
 
+@operation()
+def switch_left_for_later(release: dict):
+    """A run that stages only (`release_stage_only`, a rollout's first phase): says what is staged and waits; the
+    door, the restart and the gate are a later run's. Changes nothing.
+
+    + release: the release staged (release_of)
+    """
+    host.noop(f"{release_named(release)} staged beside the one that serves: its switch (door, restart, gate) waits "
+              "for a run without release_stage_only")
+    return
+    yield  # (an operation that yields no command)
+
+
 def switch_leftovers(cfg: NodeConfig, head: bool) -> tuple[str, ...]:
     """What a switch leaves on a node until it ends (``_wait_and_gate``): the model-upgrade mark, and a head's closed
     door flag and what its door tells."""

@@ -89,3 +89,35 @@ def test_a_held_release_is_kept_for_the_host_and_points_the_endpoint_at_the_serv
     # (a record from before the door: that release's vLLM is on the clients' port itself, with no door before it)
     assert f"HELD (None, {port}) ('why it is held', 8101, True, 8101, False) (None, {port})" in proc.stdout + proc.stderr, \
         proc.stderr[-2000:]
+
+
+STAGED_DEPLOY = """
+from pyinfra import host
+from deploys.run.held import as_served, defer, release_held, switch_deferred
+from deploys.schema import NodeConfig
+from tests.unit.profiles import profile
+
+cfg = NodeConfig.model_validate(profile("rtx_pro_6000_pair"))
+before = (switch_deferred(), as_served(cfg).api_port)
+defer({"release": "5d1c", "api_port": 8101, "engine_port": 18101})
+host.log(f"STAGED {before} {(switch_deferred(), release_held(), as_served(cfg).api_port, as_served(cfg).engine_port)}")
+"""
+
+
+def test_a_run_that_stages_only_defers_the_switch_and_keeps_the_endpoint_on_the_served_api(tmp_path):
+    """`release_stage_only` (a rollout's stage phase), on a real pyinfra run: the switch is deferred (the service step
+    stops after staging), nothing is held back (the image, model and unit are staged), and the endpoint and metrics
+    stay in front of the release that serves."""
+    import os
+    import sys
+
+    (tmp_path / "deploy.py").write_text(STAGED_DEPLOY)
+    pyinfra = os.path.join(os.path.dirname(sys.executable), "pyinfra")
+    proc = subprocess.run([pyinfra, "-y", "@local", str(tmp_path / "deploy.py")], capture_output=True, text=True,
+                          timeout=120, cwd=os.getcwd())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from deploys.schema import NodeConfig
+    from tests.unit.profiles import profile
+
+    port = NodeConfig.model_validate(profile("rtx_pro_6000_pair")).api_port
+    assert f"STAGED (False, {port}) (True, None, 8101, 18101)" in proc.stdout + proc.stderr, proc.stderr[-2000:]

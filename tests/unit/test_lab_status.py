@@ -49,6 +49,24 @@ def test_each_state_from_what_the_head_keeps(seen, state, live, previous):
     assert row["asked"] == ASKED
 
 
+def test_a_release_is_its_id_where_both_have_one_so_a_unit_change_is_behind():
+    """The same image and commit with another unit or environment (a launch flag) is another release."""
+    serving = _seen(NEW, {"ok": True, "release": "r-new"}, [OLD, NEW])
+    assert lab_status.cluster_standing("c", "h", CFG, serving, {**ASKED, "release": "r-new"})["state"] == "live"
+    assert lab_status.cluster_standing("c", "h", CFG, serving, {**ASKED, "release": "r-flag"})["state"] == "behind inventory"
+
+
+def test_the_asked_release_id_is_the_one_the_converge_records(tmp_path):
+    """asked_release renders the unit as the service step does: its id changes with the service environment, not otherwise."""
+    from deploys.schema import validate_hosts
+
+    configs = validate_hosts(node_a())
+    one = lab_status.asked_release(configs, "node-a")
+    assert lab_status.asked_release(configs, "node-a") == one and len(one["release"]) == 16
+    flagged = validate_hosts(node_a(service_env={**CFG.service_env, "MAX_NUM_SEQS": "3"}))
+    assert lab_status.asked_release(flagged, "node-a")["release"] != one["release"]
+
+
 def test_the_table_names_what_serves_what_served_before_and_what_is_asked():
     rows = [lab_status.cluster_standing("pair", "a", CFG, _seen(OLD, {"ok": True, "release": "r-old"}, [OLD])),
             lab_status.cluster_standing("one", "b", CFG, _seen(NEW, {"ok": True, "release": "r-new"}, [OLD, NEW]))]
