@@ -51,6 +51,8 @@ EXPECTED = {
     # the cluster's head alone is read; a listener that is no SSH server is a head not reached
     ".venv/bin/python -m deploys.lab_status inventories/lab.py --limit gb10-dspark":
         (1, [B[0]], [f"gb10-dspark  {B[0]}  unreachable", f"[{B[0]}]   SSH error"]),
+    # the waves alone: no host is reached, nothing is written
+    ".venv/bin/python -m deploys.rollout inventories/lab.py --limit gb10-dspark --plan": (0, [], ["wave 0 (canary): gb10-dspark"]),
 }
 
 
