@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from deploys.monitoring import host as mon_host, node as mon_node, rules as mon_rules
+from deploys.monitoring import host as mon_host, host_files as mon_files, node as mon_node, rules as mon_rules
 from deploys.inventory import load_inventory
 from deploys.schema import NodeConfig, validate_inventory
 
@@ -76,7 +76,7 @@ def test_the_monitoring_host_scrapes_every_target_and_loads_every_alert(node, py
         service = node.host.service(f"{unit}.service")
         assert service.is_running and service.is_enabled, f"{node.name}: {unit}.service is not running"
     _, configs = _inventory(pytestconfig.getoption("inventory"))
-    expected = yaml.safe_load(mon_host.render_prometheus(configs, node.cfg, watcher))
+    expected = yaml.safe_load(mon_files.render_prometheus(configs, node.cfg, watcher))
     want = {(t, job["job_name"]) for job in expected["scrape_configs"] for s in job["static_configs"] for t in s["targets"]}
     base = mon_host.prometheus_url(node.cfg)
     deadline, down = time.monotonic() + 3 * node.cfg.prometheus_scrape_interval_s + 30, None

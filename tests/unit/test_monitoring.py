@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import yaml
 
-from deploys.monitoring import dashboard as mon_dashboard, host as mon_host, node as mon_node, rules as mon_rules
+from deploys.monitoring import dashboard as mon_dashboard, host as mon_host, host_files as mon_files, node as mon_node, rules as mon_rules
 from deploys.inventory import load_inventory
 from deploys.schema import InventoryValidationError, NodeConfig, validate_inventory
 from deploys.schema.control_readers import read_webhook_url
@@ -175,14 +175,14 @@ def test_a_gpu_that_does_not_answer_is_not_called_a_driver_mismatch(promtool, tm
 
 def test_the_watchdog_goes_to_its_own_receiver_and_nothing_else_does(tmp_path):
     me = _me()
-    conf = yaml.safe_load(mon_host.render_alertmanager(me, "https://hooks.example/a", "https://dms.example/ping"))
+    conf = yaml.safe_load(mon_files.render_alertmanager(me, "https://hooks.example/a", "https://dms.example/ping"))
     [watchdog] = conf["route"]["routes"]
     assert watchdog["matchers"] == ['alertname="Watchdog"'] and watchdog["receiver"] == "watchdog"
     assert watchdog["repeat_interval"] == mon_rules.WATCHDOG_REPEAT
     receivers = {r["name"]: r for r in conf["receivers"]}
     assert receivers["watchdog"]["webhook_configs"][0]["url"] == "https://dms.example/ping"
     assert receivers["webhook"]["webhook_configs"][0]["url"] == "https://hooks.example/a"
-    nowhere = yaml.safe_load(mon_host.render_alertmanager(me, "https://hooks.example/a"))
+    nowhere = yaml.safe_load(mon_files.render_alertmanager(me, "https://hooks.example/a"))
     assert nowhere["route"]["routes"][0]["receiver"] == "none", "no dead man's switch: not to the alerts' webhook"
     # while the alerting path fails (its own alerts may not reach anyone), the Watchdog is held back: the switch
     # hears nothing and pages. Each name is a real alert; the Watchdog never holds itself back
@@ -229,7 +229,7 @@ def test_the_generated_prometheus_configuration_passes_promtool(promtool, tmp_pa
     configs = validate_inventory(inv)
     watcher = mon_node.monitoring_host_name(inv)
     assert watcher == "sandbox-a"
-    text = mon_host.render_prometheus(configs, configs[watcher], watcher)
+    text = mon_files.render_prometheus(configs, configs[watcher], watcher)
     conf = yaml.safe_load(text)
     jobs = {j["job_name"]: j for j in conf["scrape_configs"]}
     assert [t["labels"]["host"] for t in jobs["node"]["static_configs"]] == ["sandbox-a", "sandbox-b0", "sandbox-b1"]
@@ -364,7 +364,7 @@ def test_a_monitoring_host_in_no_cluster_is_no_inference_node(tmp_path):
     assert (mon.prometheus_port, mon.apt_lock_timeout_s, mon.alert_for_s) == (9290, 60, 20)  # a layer's key of its own
     assert not hasattr(mon, "model_size_gb") and not hasattr(mon, "image")
     assert "host mon: alertmanager_watchdog_url_file is unset" in monitoring_warnings(inventory, validate_inventory(inventory))[0]
-    conf = yaml.safe_load(mon_host.render_prometheus(validate_inventory(inventory), mon, "mon"))
+    conf = yaml.safe_load(mon_files.render_prometheus(validate_inventory(inventory), mon, "mon"))
     assert conf["scrape_configs"][0]["static_configs"][0]["targets"] == ["192.0.2.10:9100"]  # n1's LAN exporter
     assert [j["job_name"] for j in conf["scrape_configs"]] == ["node", "vllm-n1", "prometheus", "alertmanager"]
 
@@ -391,7 +391,7 @@ def test_a_monitoring_only_host_renders_its_monitoring_files_alone(tmp_path):
     written = render_inventory(str(sorted(tmp_path.glob("inv*.py"))[-1]), str(out), ["mon"])
     have = sorted(os.path.relpath(p, out / "mon") for p in written)
     assert have == sorted(p.lstrip("/") for p in (apt_state.LOCK_DROPIN, *mon_host.HOST_FILES,
-                                                  mon_host.scrape_key_path("n1"))), have
+                                                  mon_files.scrape_key_path("n1"))), have
 
 
 @pytest.mark.parametrize("keys,key", [
@@ -428,10 +428,10 @@ def test_the_webhook_url_is_a_private_file_and_never_shown(tmp_path):
         assert "alertmanager_webhook_url_file" in str(err.value) and bad not in str(err.value)
     url.write_text(secret + "\n")
     cfg = validate_hosts(node_a(alertmanager_webhook_url_file=str(url)))["node-a"]
-    conf = yaml.safe_load(mon_host.render_alertmanager(cfg, read_webhook_url(str(url))))
+    conf = yaml.safe_load(mon_files.render_alertmanager(cfg, read_webhook_url(str(url))))
     assert conf["receivers"][1]["webhook_configs"] == [{"url": secret, "send_resolved": True}]
     assert conf["route"]["receiver"] == "webhook"
-    assert yaml.safe_load(mon_host.render_alertmanager(cfg, None))["route"]["receiver"] == "none"
+    assert yaml.safe_load(mon_files.render_alertmanager(cfg, None))["route"]["receiver"] == "none"
 
 
 def test_files_matching_lists_the_per_head_files_and_nothing_where_the_directory_is_missing(tmp_path):
@@ -558,7 +558,7 @@ def test_a_running_unit_whose_credential_copy_differs_from_what_the_converge_wri
     assert mon_host.loaded_differs({copy: info(edited)}, {copy: good})
     assert not mon_host.loaded_differs({copy: info(good)}, {copy: good})
     assert not mon_host.loaded_differs({copy: None}, {copy: good}), "not running: its start copies the file"
-    a, b = (mon_host.loaded_path(mon_host.PROMETHEUS, mon_host.scrape_key_id(h)) for h in ("a", "b"))
+    a, b = (mon_host.loaded_path(mon_host.PROMETHEUS, mon_files.scrape_key_id(h)) for h in ("a", "b"))
     assert mon_host.loaded_differs({a: info("k1\n"), b: None}, {a: "k1\n", b: "k2\n"}), "a key it never loaded"
     assert not mon_host.loaded_differs({}, {}), "no scrape key at all"
 
@@ -567,6 +567,6 @@ def test_prometheus_resends_a_firing_alert_every_evaluation():
     """A reload empties Prometheus's Alertmanager list until discovery fills it; an alert that fires in between is
     dropped and sent again after --rules.alert.resend-delay (1 m by default: the failed reload's own alert reached the
     receiver after 63 s). The unit sets it to the evaluation interval."""
-    unit = mon_host.render_prometheus_unit(_me(), [])
+    unit = mon_files.render_prometheus_unit(_me(), [])
     [start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
     assert f"--rules.alert.resend-delay={_me().prometheus_scrape_interval_s}s" in start.split()

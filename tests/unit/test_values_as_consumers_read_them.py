@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from deploys.monitoring import host as mon_host, rules as mon_rules
+from deploys.monitoring import host_files as mon_files, rules as mon_rules
 from deploys.endpoint import read_clients, render_conf
 from deploys.inventory import load_inventory
 from deploys.schema import InventoryValidationError, validate_hosts, validate_inventory
@@ -372,7 +372,7 @@ def test_a_host_name_too_long_for_a_file_name_is_refused_and_the_longest_fits():
         validate_hosts({long: node_a()["node-a"]})
     assert f"a name of at most {HOST_NAME_MAX} characters" in str(err.value)
     longest = "n" * HOST_NAME_MAX
-    for name in (mon_host.scrape_key_path(longest), mon_host.ca_path(longest)):
+    for name in (mon_files.scrape_key_path(longest), mon_files.ca_path(longest)):
         assert len(os.path.basename(name).encode()) <= 255
     assert validate_hosts({longest: node_a()["node-a"]})
 
@@ -521,7 +521,7 @@ def amtool() -> str:
 def amtool_check(amtool: str, tmp_path, url: str) -> subprocess.CompletedProcess:
     cfg = validate_hosts(node_a())["node-a"]
     path = tmp_path / "alertmanager.yml"
-    path.write_text(mon_host.render_alertmanager(cfg, url))
+    path.write_text(mon_files.render_alertmanager(cfg, url))
     return subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60)
 
 
