@@ -5,6 +5,7 @@ the alert rules, Alertmanager posting to the webhook of `alertmanager_webhook_ur
 from __future__ import annotations
 
 import hashlib
+import json
 from io import StringIO
 
 from pyinfra import host
@@ -35,6 +36,7 @@ from deploys.monitoring.host_files import (
     PROMETHEUS,
     PROMETHEUS_CONF,
     RULES,
+    SCRAPED,
     ca_path,
     endpoint_scraped,
     render_alertmanager,
@@ -60,6 +62,7 @@ from deploys.run.reads import expect, operation, read, service_reads, unit_state
 from deploys.schema import NodeConfig
 from deploys.schema.control_readers import read_webhook_url
 from deploys.schema.monitoring import MONITORING_GROUP, MonitoringHostKeys
+from facts.containers import JsonRecord
 from facts.host import FilesMatching, ManagedFiles, PrometheusReload
 from files import helper_path
 
@@ -124,7 +127,24 @@ def planned_reads(inventory, name: str) -> list:
         return []
     configs = inventory_configs(inventory)
     me = monitoring_only_configs(inventory).get(name) or configs.get(name)
-    return [] if me is None else loaded_reads(me, scrape_keys(configs, name))
+    return [] if me is None else [*loaded_reads(me, scrape_keys(configs, name)), (JsonRecord, {"path": SCRAPED})]
+
+
+def known_nodes(configs: dict[str, NodeConfig], scraped: dict | None, prometheus_runs: bool) -> set[str]:
+    """The monitored nodes the scrape configuration holds at the start of a run (``scraped``: the SCRAPED record;
+    none yet: every monitored node where Prometheus runs already, as a toolkit from before the record left it, else
+    none: a first converge; ``prometheus_runs`` from the reads the step makes anyway, so it costs no command). A node the inventory adds is not among them: its targets join once this run set up its metrics
+    (monitoring_targets_added), so a first converge, which may sync a model for hours, never pages it as down."""
+    monitored = {n for n, c in configs.items() if c.monitoring_enabled}
+    hosts = (scraped or {}).get("hosts")
+    hosts = hosts if isinstance(hosts, list) else None
+    if hosts is None:
+        return monitored if prometheus_runs else set()
+    return monitored & set(hosts)
+
+
+def scraped_record(nodes: set[str]) -> str:
+    return json.dumps({"hosts": sorted(nodes)}) + "\n"
 
 
 def loaded_reads(me: MonitoringHostKeys, keys: dict[str, str]) -> list:
@@ -168,7 +188,9 @@ def monitoring_host():
     keys = scrape_keys(configs, watcher)
     batch = (*HOST_FILES, RELOAD_CHECK, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
     am_loaded, keys_loaded = loaded_paths(keys)
-    expect([*host_reads(batch), *APT_READS, *loaded_reads(me, keys)])  # (preflight's: planned_reads)
+    expect([*host_reads(batch), *APT_READS, *loaded_reads(me, keys), (JsonRecord, {"path": SCRAPED})])  # (preflight's)
+    known = known_nodes(configs, read(host, JsonRecord, path=SCRAPED),
+                        read(host, PrometheusReload, helper=RELOAD_CHECK, port=me.prometheus_port) != "down")
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
     webhook = read_webhook_url(me.alertmanager_webhook_url_file) if me.alertmanager_webhook_url_file else None
     watchdog = read_webhook_url(me.alertmanager_watchdog_url_file) if me.alertmanager_watchdog_url_file else None
@@ -192,9 +214,13 @@ def monitoring_host():
     secret_file(name="Install Alertmanager's configuration (0600: the webhook URL may carry a token)",
                 src=StringIO(alertmanager_conf), dest=ALERTMANAGER_CONF, batch=batch, private_dir=False,
                 resets=follow_up_stamp("alertmanager-unit"))
-    conf, rules = render_prometheus(configs, me, watcher), render_rules(me)
+    # the nodes it scrapes already (their labels as the inventory says now); a node new to it joins at the run's end
+    conf = render_prometheus({n: c for n, c in configs.items() if n in known}, me, watcher)
+    rules = render_rules(me)
     atomic_put(name="Install Prometheus's scrape configuration (from the inventory)", src=StringIO(conf),
                dest=PROMETHEUS_CONF, batch=batch, resets=follow_up_stamp("prometheus-reload"))
+    atomic_put(name="Record the nodes Prometheus scrapes", src=StringIO(scraped_record(known)), dest=SCRAPED,
+               batch=batch)
     atomic_put(name="Install the toolkit's alert rules", src=StringIO(rules), dest=RULES, batch=batch,
                resets=follow_up_stamp("prometheus-reload"))
     atomic_put(name="Install the Grafana dashboard (for a lab's Grafana to import)", src=StringIO(render_dashboard()),
@@ -262,6 +288,7 @@ def rendered_files(name: str, configs: dict[str, NodeConfig], watcher: str | Non
         me = watcher_only or cfg
         keys = endpoint_scraped(configs, watcher)
         out.update({PROMETHEUS_CONF: render_prometheus(configs, me, watcher), RULES: render_rules(me),
+                    SCRAPED: scraped_record({n for n, c in configs.items() if c.monitoring_enabled}),
                     DASHBOARD: render_dashboard(),
                     f"{UNIT_DIR}/{PROMETHEUS}.service": render_prometheus_unit(me, keys),
                     f"{UNIT_DIR}/{ALERTMANAGER}.service": render_alertmanager_unit(me),
@@ -273,3 +300,31 @@ def rendered_files(name: str, configs: dict[str, NodeConfig], watcher: str | Non
 
 def prometheus_url(cfg: MonitoringHostKeys) -> str:
     return f"http://127.0.0.1:{cfg.prometheus_port}"
+
+
+@deploy("Monitoring host")
+def monitoring_targets_added():
+    """At the end of the run (deploys/all.py): the monitored nodes new to Prometheus join its scrape configuration, now
+    that this run set up their metrics (their exporter and facts timer: node_metrics, the step before). Nothing on a
+    run that adds no node, and nothing on another host than the monitoring host."""
+    watcher = monitoring_host_name(host.inventory)
+    if watcher != host.name:
+        return
+    me = host_config()
+    configs = inventory_configs(host.inventory)
+    keys = scrape_keys(configs, watcher)
+    batch = (*HOST_FILES, RELOAD_CHECK, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
+    expect([*host_reads(batch), *reload_reads(me), (JsonRecord, {"path": SCRAPED})])  # (read by monitoring_host already)
+    known = known_nodes(configs, read(host, JsonRecord, path=SCRAPED),
+                        read(host, PrometheusReload, helper=RELOAD_CHECK, port=me.prometheus_port) != "down")
+    monitored = {n for n, c in configs.items() if c.monitoring_enabled}
+    if not monitored - known:
+        return
+    conf, rules = render_prometheus(configs, me, watcher), render_rules(me)
+    atomic_put(name=f"Add the scrape targets of {', '.join(sorted(monitored - known))} (their metrics set up by this run)",
+               src=StringIO(conf), dest=PROMETHEUS_CONF, batch=batch, resets=follow_up_stamp("prometheus-reload"))
+    atomic_put(name="Record the nodes Prometheus scrapes", src=StringIO(scraped_record(monitored)), dest=SCRAPED,
+               batch=batch)
+    follow_up_done(name="Reload Prometheus after a change of targets or rules (promtool checks them first)",
+                   stamp="prometheus-reload", command=reload_command(me), paths=(PROMETHEUS_CONF, RULES),
+                   contents=(conf, rules), needed=False)

@@ -20,7 +20,10 @@ PROMETHEUS_CONF = f"{DIR}/prometheus.yml"
 RULES = f"{DIR}/alerts.yml"
 ALERTMANAGER_CONF = f"{DIR}/alertmanager.yml"  # root 0600: the webhook URL may carry a token (LoadCredential)
 DASHBOARD = f"{DIR}/grafana-dashboard.json"
-HOST_FILES = (PROMETHEUS_CONF, RULES, ALERTMANAGER_CONF, DASHBOARD,
+# the monitored nodes Prometheus's scrape configuration holds (JSON {"hosts": [...]}): a node the inventory adds joins
+# at the end of the run that set up its metrics, not at its start (deploys/monitoring/host.py known_nodes)
+SCRAPED = f"{DIR}/scraped-nodes.json"
+HOST_FILES = (PROMETHEUS_CONF, RULES, ALERTMANAGER_CONF, DASHBOARD, SCRAPED,
               *(f"{UNIT_DIR}/{u}.service" for u in (PROMETHEUS, ALERTMANAGER)))
 
 

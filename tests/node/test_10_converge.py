@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -71,6 +72,16 @@ def test_converge(sandbox):
                          r"[0-9]+ s \(done\)", proc.stderr), proc.stderr[-3000:]
         assert re.search(rf"\[{node}\] +verify: [0-9.]+/[0-9.]+ GB hashed", proc.stderr), proc.stderr[-3000:]
     assert re.search(r"\[sandbox-a\] +waiting for grandpa.service: [0-9]+ s, ", proc.stderr), proc.stderr[-3000:]
+    # a first converge pages nobody: Prometheus (up since the run's start, on sandbox-a) learnt of each node only
+    # once the run had set up its metrics, so no alert about a node fired while the nodes were being deployed (the
+    # alerting path's own may: no receiver listens during the node tests)
+    from deploys.monitoring.rules import ALERTING_PATH
+
+    query = ('max_over_time(ALERTS{alertstate="firing",alertname!~"Watchdog|%s"}[1h])' % "|".join(ALERTING_PATH))
+    with urllib.request.urlopen("http://127.0.0.1:9190/api/v1/query?" + urllib.parse.urlencode({"query": query}),
+                                timeout=10) as r:
+        fired = json.load(r)["data"]["result"]
+    assert fired == [], [f["metric"] for f in fired]
 
 
 @contextlib.contextmanager

@@ -598,8 +598,12 @@ def test_scrambled_model_answers_http_200_the_converge_fails_its_gate_and_rolls_
                              text=True, timeout=300)
     assert differs.returncode == 1 and "@7872f01b1d1f" in differs.stdout, differs.stdout[-3000:]
     assert "the inventory asks for release " in differs.stdout and f"@{BROKEN_COMMIT[:12]}" in differs.stdout
-    # where the lab stands (deploys/lab_status.py) for that inventory: the asked release failed, the good one serves
-    standing = subprocess.run([sys.executable, "-m", "deploys.lab_status", asking, "--limit", node, "--json"],
+    # where the lab stands (deploys/lab_status.py) for the inventory that asked for the failed release (the broken
+    # commit on the moved port: a release is its unit and manifest, hashed): it failed, the good one serves
+    failed_ask = inventory_copy(tmp_path, ('_node("sandbox-a", 2201, api_port=8101,', '_node("sandbox-a", 2201, api_port=8104,'),
+                                ("service_env=_A_ENV, **_manifest(_A),",
+                                 f'service_env=_A_ENV, model_revision="{BROKEN_COMMIT}", **_manifest("{BROKEN_COMMIT}"),'))
+    standing = subprocess.run([sys.executable, "-m", "deploys.lab_status", failed_ask, "--limit", node, "--json"],
                               capture_output=True, text=True, timeout=120)
     [row] = json.loads(standing.stdout)
     assert standing.returncode == 1 and row["state"] == "failed, rolled back", (row, standing.stderr[-2000:])

@@ -5,6 +5,7 @@ validation names what cannot be scraped before any connection."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -570,3 +571,16 @@ def test_prometheus_resends_a_firing_alert_every_evaluation():
     unit = mon_files.render_prometheus_unit(_me(), [])
     [start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
     assert f"--rules.alert.resend-delay={_me().prometheus_scrape_interval_s}s" in start.split()
+
+
+def test_a_node_new_to_prometheus_joins_at_the_end_of_the_run_that_set_up_its_metrics():
+    """known_nodes: what the scrape configuration holds when a run starts. A first converge (no configuration yet)
+    scrapes no node until its metrics are set up (monitoring_targets_added at the run's end); a toolkit from before the
+    record left every monitored node in it; a node the inventory adds is not known; one it removes is dropped."""
+    configs = {"n1": _me(), "n2": _me(monitoring_enabled=True), "n3": _me(monitoring_enabled=True)}
+    assert mon_host.known_nodes(configs, {}, prometheus_runs=False) == set()
+    assert mon_host.known_nodes(configs, None, prometheus_runs=False) == set()  # (no record: a batched read's None)
+    assert mon_host.known_nodes(configs, {}, prometheus_runs=True) == {"n2", "n3"}
+    assert mon_host.known_nodes(configs, {"hosts": ["n2", "gone"]}, prometheus_runs=True) == {"n2"}
+    assert mon_host.known_nodes(configs, {"hosts": "n2"}, prometheus_runs=True) == {"n2", "n3"}  # (a damaged record)
+    assert json.loads(mon_host.scraped_record({"n3", "n2"})) == {"hosts": ["n2", "n3"]}
