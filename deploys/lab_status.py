@@ -149,6 +149,13 @@ def read_standings(inventory, wanted: list[tuple[str, str, NodeConfig]]) -> dict
     return out
 
 
+def standings(inventory, configs: dict[str, NodeConfig], wanted: list[tuple[str, str, NodeConfig]]) -> list[dict]:
+    """The rows of ``wanted`` (heads()), each head read once (read_standings) and judged against its inventory's ask."""
+    seen = read_standings(inventory, wanted)
+    return [cluster_standing(cluster, name, cfg, seen.get(name), asked_release(configs, name))
+            for cluster, name, cfg in wanted]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploys.lab_status", description=__doc__.split("\n\n")[0])
     parser.add_argument("inventory")
@@ -162,10 +169,7 @@ def main(argv: list[str]) -> int:
     except (LimitError, InventoryValidationError) as e:
         print(e, file=sys.stderr)
         return 2
-    wanted = heads(configs, None if limit is None else {h.name for h in limit})
-    seen = read_standings(inventory, wanted)
-    rows = [cluster_standing(cluster, name, cfg, seen.get(name), asked_release(configs, name))
-            for cluster, name, cfg in wanted]
+    rows = standings(inventory, configs, heads(configs, None if limit is None else {h.name for h in limit}))
     print(json.dumps(rows, indent=1, sort_keys=True) if args.json else format_table(rows))
     return 0 if all(r["state"] == LIVE for r in rows) else 1
 

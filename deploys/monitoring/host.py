@@ -143,6 +143,18 @@ def known_nodes(configs: dict[str, NodeConfig], scraped: dict | None, prometheus
     return monitored & set(hosts)
 
 
+def known_now(me: MonitoringHostKeys, configs: dict[str, NodeConfig]) -> set[str]:
+    """known_nodes from what the monitoring host says now (its SCRAPED record, whether Prometheus runs); both reads are
+    among the step's expected ones."""
+    return known_nodes(configs, read(host, JsonRecord, path=SCRAPED),
+                       read(host, PrometheusReload, helper=RELOAD_CHECK, port=me.prometheus_port) != "down")
+
+
+def host_batch(keys: dict[str, str]) -> tuple[str, ...]:
+    """The monitoring host's files read in one batch: its own, the reload check, and each scraped head's key and CA."""
+    return (*HOST_FILES, RELOAD_CHECK, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
+
+
 def scraped_record(nodes: set[str]) -> str:
     return json.dumps({"hosts": sorted(nodes)}) + "\n"
 
@@ -186,11 +198,10 @@ def monitoring_host():
     me = host_config()  # an inference node's config, or a monitoring-only host's (MonitoringHostConfig)
     configs = inventory_configs(host.inventory)
     keys = scrape_keys(configs, watcher)
-    batch = (*HOST_FILES, RELOAD_CHECK, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
+    batch = host_batch(keys)
     am_loaded, keys_loaded = loaded_paths(keys)
     expect([*host_reads(batch), *APT_READS, *loaded_reads(me, keys), (JsonRecord, {"path": SCRAPED})])  # (preflight's)
-    known = known_nodes(configs, read(host, JsonRecord, path=SCRAPED),
-                        read(host, PrometheusReload, helper=RELOAD_CHECK, port=me.prometheus_port) != "down")
+    known = known_now(me, configs)
     apt_lists_updated(name="Update apt lists when older than a day (waits for a held lock)", cache_time=86400)
     webhook = read_webhook_url(me.alertmanager_webhook_url_file) if me.alertmanager_webhook_url_file else None
     watchdog = read_webhook_url(me.alertmanager_watchdog_url_file) if me.alertmanager_watchdog_url_file else None
@@ -313,10 +324,9 @@ def monitoring_targets_added():
     me = host_config()
     configs = inventory_configs(host.inventory)
     keys = scrape_keys(configs, watcher)
-    batch = (*HOST_FILES, RELOAD_CHECK, *(scrape_key_path(h) for h in keys), *(ca_path(h) for h in keys))
+    batch = host_batch(keys)
     expect([*host_reads(batch), *reload_reads(me), (JsonRecord, {"path": SCRAPED})])  # (read by monitoring_host already)
-    known = known_nodes(configs, read(host, JsonRecord, path=SCRAPED),
-                        read(host, PrometheusReload, helper=RELOAD_CHECK, port=me.prometheus_port) != "down")
+    known = known_now(me, configs)
     monitored = {n for n, c in configs.items() if c.monitoring_enabled}
     if not monitored - known:
         return

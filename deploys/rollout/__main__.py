@@ -63,11 +63,9 @@ def quiet(inventory, configs, wave: list[str], bake_s: int) -> str | None:
 
     time.sleep(bake_s)
     heads = [(c, n, cfg) for c, n, cfg in lab_status.heads(configs, None) if c in wave]
-    seen = lab_status.read_standings(inventory, heads)
-    for cluster, name, cfg in heads:
-        row = lab_status.cluster_standing(cluster, name, cfg, seen.get(name), lab_status.asked_release(configs, name))
+    for row in lab_status.standings(inventory, configs, heads):
         if row["state"] != lab_status.LIVE:
-            return f"cluster {cluster} is {row['state']} after the bake"
+            return f"cluster {row['cluster']} is {row['state']} after the bake"
     watcher = monitoring_host_name(inventory)
     if watcher is None:
         return None
@@ -183,14 +181,8 @@ def carry_out(args, inventory, configs, ledger: ledgers.Ledger, path: str) -> in
             return halted(inventory, configs, ledger, path, f"wave {i}: {loud}")
     ledgers.save(path, ledger)
     say(f"every cluster switched ({', '.join(ledger.clusters)}); ledger {path}")
-    print(lab_status.format_table(standing(inventory, configs)))
+    print(lab_status.format_table(lab_status.standings(inventory, configs, lab_status.heads(configs, None))))
     return 0
-
-
-def standing(inventory, configs) -> list[dict]:
-    heads = lab_status.heads(configs, None)
-    seen = lab_status.read_standings(inventory, heads)
-    return [lab_status.cluster_standing(c, n, cfg, seen.get(n), lab_status.asked_release(configs, n)) for c, n, cfg in heads]
 
 
 def halted(inventory, configs, ledger: ledgers.Ledger, path: str, why: str) -> int:
@@ -201,7 +193,7 @@ def halted(inventory, configs, ledger: ledgers.Ledger, path: str, why: str) -> i
     say(f"halted: {why}")
     say(f"on the new release: {', '.join(switched) or 'none'}; not switched: {', '.join(rest)}")
     say(f"fix the inventory, then: python -m deploys.rollout {ledger.inventory} --resume (ledger {path})")
-    print(lab_status.format_table(standing(inventory, configs)))
+    print(lab_status.format_table(lab_status.standings(inventory, configs, lab_status.heads(configs, None))))
     return 1
 
 

@@ -54,6 +54,19 @@ def test_the_retry_key_is_a_boolean_off_by_default():
     assert validate_hosts(node_a(retry_failed_release=True))["node-a"].retry_failed_release is True
 
 
+def _run_on_local(tmp_path, deploy: str) -> subprocess.CompletedProcess:
+    """``deploy`` (a deploy file's text) run by the real pyinfra CLI on @local, from the repository root."""
+    import os
+    import sys
+
+    (tmp_path / "deploy.py").write_text(deploy)
+    pyinfra = os.path.join(os.path.dirname(sys.executable), "pyinfra")
+    proc = subprocess.run([pyinfra, "-y", "@local", str(tmp_path / "deploy.py")], capture_output=True, text=True,
+                          timeout=120, cwd=os.getcwd())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
 HELD_DEPLOY = """
 from pyinfra import host
 from deploys.run.held import as_served, hold, release_held
@@ -73,14 +86,7 @@ host.log(f"HELD {before} {after} {(release_held(), as_served(cfg).api_port)}")
 def test_a_held_release_is_kept_for_the_host_and_points_the_endpoint_at_the_served_api(tmp_path):
     """What the release's own steps read (deploys/run/held.py), on a real pyinfra run: held or not, and the API of
     the release that serves (its recorded port; a field it did not record stays the inventory's)."""
-    import os
-    import sys
-
-    (tmp_path / "deploy.py").write_text(HELD_DEPLOY)
-    pyinfra = os.path.join(os.path.dirname(sys.executable), "pyinfra")
-    proc = subprocess.run([pyinfra, "-y", "@local", str(tmp_path / "deploy.py")], capture_output=True, text=True,
-                          timeout=120, cwd=os.getcwd())
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _run_on_local(tmp_path, HELD_DEPLOY)
     from deploys.schema import NodeConfig
     from tests.unit.profiles import profile
 
@@ -108,14 +114,7 @@ def test_a_run_that_stages_only_defers_the_switch_and_keeps_the_endpoint_on_the_
     """`release_stage_only` (a rollout's stage phase), on a real pyinfra run: the switch is deferred (the service step
     stops after staging), nothing is held back (the image, model and unit are staged), and the endpoint and metrics
     stay in front of the release that serves."""
-    import os
-    import sys
-
-    (tmp_path / "deploy.py").write_text(STAGED_DEPLOY)
-    pyinfra = os.path.join(os.path.dirname(sys.executable), "pyinfra")
-    proc = subprocess.run([pyinfra, "-y", "@local", str(tmp_path / "deploy.py")], capture_output=True, text=True,
-                          timeout=120, cwd=os.getcwd())
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _run_on_local(tmp_path, STAGED_DEPLOY)
     from deploys.schema import NodeConfig
     from tests.unit.profiles import profile
 
