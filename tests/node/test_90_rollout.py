@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime
 
 import pytest
 
@@ -20,12 +21,13 @@ pytestmark = pytest.mark.lifecycle
 UNITS = {"sandbox-a": "grandpa.service", "sandbox-b0": "inference.service", "sandbox-b1": "inference.service"}
 
 
-def started(node: str) -> tuple[str, int]:
-    """The service's invocation and when its main process started (CLOCK_MONOTONIC: the nodes share one kernel, so
-    the nodes' figures compare)."""
-    out = on_node(node, f"systemctl show -p InvocationID -p ExecMainStartTimestampMonotonic {UNITS[node]}").stdout
-    fields = dict(line.split("=", 1) for line in out.split())
-    return fields["InvocationID"], int(fields["ExecMainStartTimestampMonotonic"])
+def started(node: str) -> tuple[str, datetime]:
+    """The service's invocation and when its main process started, by the wall clock: each node's CLOCK_MONOTONIC
+    is its own (a time namespace, reset when the node reboots), the realtime clock is the machine's."""
+    out = on_node(node, "systemctl show --timestamp=us+utc -p InvocationID -p ExecMainStartTimestamp "
+                        + UNITS[node]).stdout
+    fields = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return fields["InvocationID"], datetime.strptime(fields["ExecMainStartTimestamp"], "%a %Y-%m-%d %H:%M:%S.%f %Z")
 
 
 def rollout(inventory: str, state: str, *args: str) -> subprocess.CompletedProcess:
