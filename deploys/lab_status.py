@@ -22,7 +22,8 @@ from deploys.schema import InventoryValidationError, NodeConfig, clusters, valid
 from deploys.service.release import failed_release_path, gate_last_path, gate_record_path, release_history_path
 from facts.containers import ReleaseStanding
 
-COLUMNS = ("cluster", "head", "state", "serves (image, model commit)", "gated at", "before it", "asked by the inventory")
+COLUMNS = ("cluster", "head", "state", "serves (image, model commit)", "gated at", "output tok/s (vs before it)", "before it",
+           "asked by the inventory")
 LIVE = "live"
 
 
@@ -35,10 +36,11 @@ def standing_paths(cfg: NodeConfig) -> dict[str, str]:
 def _release(record: dict | None) -> dict | None:
     if not record or not record.get("image"):
         return None
-    return {k: record.get(k) for k in ("release", "image", "model_revision", "passed_at") if record.get(k) is not None}
+    return {k: record.get(k) for k in ("release", "image", "model_revision", "passed_at", "bench")
+            if record.get(k) is not None}
 
 
-def _same(a: dict | None, b: dict | None) -> bool:
+def same_release(a: dict | None, b: dict | None) -> bool:
     """Two releases are the same: their release ids (the unit, its environments and the model manifest, hashed), or
     where one has none, their image and model commit."""
     if not (a and b):
@@ -75,13 +77,13 @@ def cluster_standing(cluster: str, head: str, cfg: NodeConfig, seen: dict | None
     failed = seen.get("failed") or None
     last = seen.get("last") or None
     row.update(live=live, previous=previous, failed=failed, last_gate=last)
-    if failed and _same(failed, asked) and not _same(live, asked):
+    if failed and same_release(failed, asked) and not same_release(live, asked):
         state = "failed, rolled back" if live else "failed, not serving"
     elif live is None:
         state = "not deployed"
     elif last and last.get("ok") is False and last.get("release") == live.get("release"):
         state = "gate failing"
-    elif _same(live, asked):
+    elif same_release(live, asked):
         state = LIVE
     else:
         state = "behind inventory"
@@ -96,9 +98,22 @@ def _named(release: dict | None) -> str:
     return f"{name}{'@sha256:' + digest[:12] if digest else ''} @ {str(release.get('model_revision') or '?')[:12]}"
 
 
+def performance_told(live: dict | None, previous: dict | None) -> str:
+    """The release bench's output tok/s per concurrency of the release that serves, with its change from the one
+    before it where both were benched at that level ("-": not benched)."""
+    was = {b.get("concurrency"): b for b in ((previous or {}).get("bench") or []) if isinstance(b, dict)}
+    parts = []
+    for level in (live or {}).get("bench") or []:
+        before = was.get(level.get("concurrency"), {}).get("output_tok_s")
+        change = f" ({100 * (level['output_tok_s'] / before - 1):+.0f} %)" if before else ""
+        parts.append(f"c{level.get('concurrency')}: {level.get('output_tok_s'):g}{change}")
+    return ", ".join(parts) or "-"
+
+
 def format_table(rows: list[dict]) -> str:
     cells = [[r["cluster"], r["head"], r["state"], _named(r["live"]), (r["live"] or {}).get("passed_at", "-"),
-              _named(r["previous"]), "(same)" if _same(r["live"], r["asked"]) else _named(r["asked"])] for r in rows]
+              performance_told(r["live"], r["previous"]), _named(r["previous"]),
+              "(same)" if same_release(r["live"], r["asked"]) else _named(r["asked"])] for r in rows]
     widths = [max(len(str(c[i])) for c in [list(COLUMNS), *cells]) for i in range(len(COLUMNS))]
     line = lambda c: "  ".join(str(x).ljust(w) for x, w in zip(c, widths)).rstrip()  # noqa: E731
     return "\n".join([line(COLUMNS), line(["-" * w for w in widths]), *map(line, cells)])

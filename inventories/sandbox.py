@@ -28,6 +28,9 @@ def _node(name: str, port: int, **data):
         "_sudo": False,
         # three real vLLMs (CPU build) load and compile at once on a 2-core machine
         "service_ready_timeout_sec": 900,
+        # the release bench (a rollout's): a profile the sandbox's CPU vLLMs run in seconds
+        "release_bench_concurrency": [1, 2], "release_bench_prompts": 4, "release_bench_input_len": 32,
+        "release_bench_output_len": 16,
         **data,
     })
 

@@ -1,12 +1,15 @@
 """Roll a change out across the lab: stage every targeted cluster first, in parallel, while their live releases serve
 (`release_stage_only`: image, model, unit staged and checked; no switch), then switch in waves, a canary wave first
-(deploys/rollout/plan.py), each wave one `pyinfra -y INVENTORY deploys/all.py --limit <its clusters>` (the
-lifecycle's door, gate and rollback as in any converge). The first failure halts: the failed cluster was rolled back by
-its converge, no further cluster switches, the run exits 1 and prints where every cluster stands. A ledger on the
-control node (deploys/rollout/ledger.py) makes `--resume` continue from the halted wave once the inventory is fixed.
+(deploys/rollout/plan.py), each wave one `pyinfra -y INVENTORY deploys/all.py --limit <its clusters> --data
+release_bench=true` (the lifecycle's door, gate and rollback as in any converge; each head benchmarks the release
+after its gate, and one slower than its last good release fails like a failed gate: deploys/service/bench.py). The
+first failure halts: the failed cluster was rolled back by its converge, no further cluster switches, the run exits
+1 and prints where every cluster stands. A ledger on the control node (deploys/rollout/ledger.py) makes `--resume`
+continue from the halted wave once the inventory is fixed, and `--abort` roll every cluster it switched back to the
+release it served before (deploys/roll_back.py).
 
     python -m deploys.rollout INVENTORY [--limit CLUSTER ...] [--serial 1 25% 100%] [--max-down N] [--bake-s S]
-                                        [--resume] [--plan]
+                                        [--no-bench] [--resume | --abort] [--plan]
 
 `--plan` prints the waves and changes nothing. `--bake-s S`: after each wave, S seconds during which the toolkit's
 alerts for its clusters must stay quiet (read from the monitoring host's Prometheus) and its heads stay live.
@@ -29,17 +32,19 @@ from deploys.rollout.plan import PlanError, parse_serial, plan_waves
 from deploys.schema import InventoryValidationError, clusters, validate_inventory
 
 PYINFRA = os.path.join(os.path.dirname(sys.executable), "pyinfra")
+BENCH = ("--data", "release_bench=true")  # each head benchmarks the release it switched to (deploys/service/bench.py)
 
 
 def say(text: str) -> None:
     print(f"rollout: {text}", flush=True)
 
 
-def converge(inventory_file: str, cluster_names: list[str], *extra: str) -> tuple[bool, set[str], str]:
-    """One `pyinfra -y` run of deploys/all.py limited to ``cluster_names`` (its progress on this terminal): (it ran
-    to the end, the hosts it failed, why when it did not run at all)."""
+def converge(inventory_file: str, cluster_names: list[str], *extra: str,
+             deploy: str = "deploys/all.py") -> tuple[bool, set[str], str]:
+    """One `pyinfra -y` run of ``deploy`` limited to ``cluster_names`` (its progress on this terminal): (it ran to
+    the end, the hosts it failed, why when it did not run at all)."""
     limits = [a for c in cluster_names for a in ("--limit", c)]
-    proc = subprocess.run([PYINFRA, "-y", "--json", inventory_file, "deploys/all.py", *limits, *extra],
+    proc = subprocess.run([PYINFRA, "-y", "--json", inventory_file, deploy, *limits, *extra],
                           stdout=subprocess.PIPE, text=True)
     try:
         results = json.loads(proc.stdout)["results"]
@@ -107,7 +112,11 @@ def main(argv: list[str]) -> int:
                         "repeats; default: everything after the canary at once)")
     parser.add_argument("--max-down", type=int, default=None, help="at most this many clusters switch at once")
     parser.add_argument("--bake-s", type=int, default=0, help="seconds after each wave its alerts must stay quiet")
+    parser.add_argument("--no-bench", action="store_true", help="no release bench after each head's gate (it runs "
+                        "by default: a release slower than the last good one fails its switch)")
     parser.add_argument("--resume", action="store_true", help="continue a halted rollout (the inventory fixed)")
+    parser.add_argument("--abort", action="store_true", help="roll every cluster this rollout switched back to the "
+                        "release it served before")
     parser.add_argument("--plan", action="store_true", help="print the waves; change nothing")
     args = parser.parse_args(argv)
     inventory = load_inventory(args.inventory)
@@ -125,7 +134,17 @@ def main(argv: list[str]) -> int:
         print(e, file=sys.stderr)
         return 2
     asked = {cluster: lab_status.asked_release(configs, name) for cluster, name, _ in heads}
-    unfinished = ledger is not None and any(e.state != "switched" for e in ledger.clusters.values())
+    unfinished = ledger is not None and ledger.unfinished()
+    if args.abort:
+        if ledger is None or args.resume or args.plan:
+            print(f"rollout: {'--abort takes no --resume or --plan' if ledger else f'no rollout to abort ({path})'}",
+                  file=sys.stderr)
+            return 2
+        return abort(args, inventory, configs, ledger, path)
+    if unfinished and ledger.aborted and not args.plan:
+        print(f"rollout: the abort of a rollout of {args.inventory} left clusters switched ({path}): --abort again "
+              "once the cause is fixed", file=sys.stderr)
+        return 2
     if args.resume:
         if not unfinished:
             print(f"rollout: nothing to resume ({path} holds no unfinished rollout)", file=sys.stderr)
@@ -133,7 +152,8 @@ def main(argv: list[str]) -> int:
         ledger = ledgers.resumed(ledger, asked)
     elif unfinished and not args.plan:
         print(f"rollout: a rollout of {args.inventory} stopped unfinished ({ledger.halted or 'killed'}; {path}): "
-              "--resume once the inventory is fixed, or move the ledger aside to start over", file=sys.stderr)
+              "--resume once the inventory is fixed, --abort to roll back the clusters it switched, or move the "
+              "ledger aside to start over", file=sys.stderr)
         return 2
     else:
         ledger = ledgers.Ledger(inventory=os.path.realpath(args.inventory), waves=waves,
@@ -167,7 +187,7 @@ def carry_out(args, inventory, configs, ledger: ledgers.Ledger, path: str) -> in
         ledgers.save(path, ledger)
     for i, wave in enumerate(ledger.remaining_waves()):
         say(f"wave {i}: switching {', '.join(wave)}")
-        ran, failed_hosts, why = converge(args.inventory, wave)
+        ran, failed_hosts, why = converge(args.inventory, wave, *([] if args.no_bench else BENCH))
         failed = failed_clusters(failed_hosts, members, wave) if ran else list(wave)
         for c in wave:
             ledger.mark(c, "failed" if c in failed else "switched",
@@ -183,6 +203,37 @@ def carry_out(args, inventory, configs, ledger: ledgers.Ledger, path: str) -> in
     say(f"every cluster switched ({', '.join(ledger.clusters)}); ledger {path}")
     print(lab_status.format_table(lab_status.standings(inventory, configs, lab_status.heads(configs, None))))
     return 0
+
+
+def abort(args, inventory, configs, ledger: ledgers.Ledger, path: str) -> int:
+    """Every cluster this rollout switched goes back to the release it served before (deploys/roll_back.py, all in
+    one run: each head takes its own cluster back, workers first, gated); the release it left is recorded as failed
+    on its members, so a plain converge holds it back. Exit 0 when every one went back."""
+    switched = [c for c, e in ledger.clusters.items() if e.state == "switched"]
+    for c in [c for c in switched if lab_status.same_release(ledger.clusters[c].before, ledger.clusters[c].asked)]:
+        ledger.mark(c, "rolled back", "it served this release before the rollout: nothing to undo")
+        switched.remove(c)
+    if switched:
+        say(f"aborting: {', '.join(switched)} back to the releases they served before")
+        leaving = sorted({ledger.clusters[c].asked["release"] for c in switched})
+        ran, failed_hosts, why = converge(args.inventory, switched, "--data", f"roll_back_from={','.join(leaving)}",
+                                          deploy="deploys/roll_back.py")
+        members = members_by_cluster(configs)
+        failed = failed_clusters(failed_hosts, members, switched) if ran else switched
+        for c in switched:
+            if c not in failed:
+                ledger.mark(c, "rolled back")
+            else:
+                ledger.clusters[c].why = why or "its roll back failed (its error is above)"
+    else:
+        failed = []
+        say("aborting: no cluster was switched by this rollout")
+    ledger.aborted = ledgers.now()
+    ledgers.save(path, ledger)
+    if failed:
+        say(f"not rolled back: {', '.join(failed)}; run --abort again once the cause is fixed (ledger {path})")
+    print(lab_status.format_table(lab_status.standings(inventory, configs, lab_status.heads(configs, None))))
+    return 1 if failed else 0
 
 
 def halted(inventory, configs, ledger: ledgers.Ledger, path: str, why: str) -> int:

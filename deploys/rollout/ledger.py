@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 # a cluster in this rollout: not yet touched, its release staged beside the live one, switched and gated, failed
-# (its switch rolled back by the lifecycle, or its stage failed)
-STATES = ("pending", "staged", "switched", "failed")
+# (its switch rolled back by the lifecycle, or its stage failed), rolled back by `--abort` to the release before
+STATES = ("pending", "staged", "switched", "failed", "rolled back")
 
 
 def ledger_dir() -> str:
@@ -48,6 +48,7 @@ class Ledger:
     clusters: dict[str, ClusterEntry]
     started_at: str = field(default_factory=now)
     halted: str | None = None      # why the rollout stopped (None: running or done)
+    aborted: str | None = None     # when `--abort` ended it (its switched clusters rolled back)
 
     def mark(self, cluster: str, state: str, why: str | None = None) -> None:
         if state not in STATES:
@@ -58,6 +59,13 @@ class Ledger:
     def done(self, cluster: str) -> bool:
         """Switched to the release this ledger asks of it (a resume leaves it as it is)."""
         return self.clusters[cluster].state == "switched"
+
+    def unfinished(self) -> bool:
+        """Stopped before every cluster switched, and not aborted since (what `--resume` continues); an abort that
+        could not roll every switched cluster back leaves it unfinished too."""
+        if self.aborted:
+            return any(e.state == "switched" for e in self.clusters.values())
+        return any(e.state != "switched" for e in self.clusters.values())
 
     def remaining_waves(self) -> list[list[str]]:
         """The planned waves without the clusters already switched (empty waves dropped): what a resume runs."""

@@ -18,7 +18,8 @@ what happened alone (pure: no node is read, nothing runs; deploys/service/switch
 A release is *known good* when it passed the serving gate here before (the node's release history, or the last
 good release kept): its failure now is the host's (a held dpkg lock, a driver update, a missing device), so it is
 never remembered as a failed release, which would refuse every later converge. A head's own start that fails takes
-the same rows as a failed gate (its wait sees the failed unit). A worker that failed at or after its own switch tells
+the same rows as a failed gate (its wait sees the failed unit), and so does a release bench (`release_bench`) that
+fails or finds the release slower than the last good one beyond its thresholds (deploys/service/bench.py). A worker that failed at or after its own switch tells
 its head, which stops waiting and decides for the cluster; a worker that failed an earlier step of the run (its
 service untouched) counts for nothing here. Every failure that leaves no release serving writes a failed gate
 verdict, so `ServingGateFailed` pages at once.
@@ -35,7 +36,7 @@ class Happened:
 
     head: bool  # rank 0 or a single node: serves the API and is gated
     service: str  # the node's service, as its messages name it
-    ok: bool  # it serves (a head: and passed the gate)
+    ok: bool  # it serves (a head: and passed the gate, and the release bench where it runs)
     release: dict  # what the inventory asks for (``release_of``)
     policy: str = "rollback"  # `failed_release_policy`
     good: dict | None = None  # the last good release kept on this node

@@ -78,34 +78,45 @@ def good_release_dir(cfg: NodeConfig) -> str:
     return f"{RELEASES_DIR}/{cfg.container_name}/good"
 
 
+def previous_release_dir(cfg: NodeConfig) -> str:
+    """The good release before the last: moved aside when another release passed the gate, what
+    deploys/roll_back.py puts back (a rollout's `--abort`)."""
+    return f"{RELEASES_DIR}/{cfg.container_name}/previous"
+
+
 def release_history_path(cfg: NodeConfig) -> str:
     """The releases that passed the gate on this node, newest last (what pruning keeps the newest of)."""
     return f"{RELEASES_DIR}/{cfg.container_name}/history.json"
 
 
-HISTORY_KEYS = ("release", "image", "model_repo", "model_revision", "manifest_sha256", "unit", "passed_at")
+HISTORY_KEYS = ("release", "image", "model_repo", "model_revision", "manifest_sha256", "unit", "passed_at", "bench")
 def save_good_command(cfg: NodeConfig, passed: dict) -> str:
     """Keep the release that just passed the gate as the last good one: a `plain` layout's model commit linked
     into its kept tree; the release's files copied whole into a new directory (0700), then swapped in by rename,
-    so a run killed half-way leaves the previous good release; the release appended to the history."""
-    good = good_release_dir(cfg)
-    new, old = f"{good}.new", f"{good}.old"
+    so a run killed half-way leaves the previous good release; the good release it replaces, when another one, kept
+    as the previous (``previous_release_dir``: copied, then renamed in); the release appended to the history."""
+    good, previous = good_release_dir(cfg), previous_release_dir(cfg)
+    new, old, aside = f"{good}.new", f"{good}.old", f"{previous}.new"
     copies = " && ".join(f"{{ [ ! -e {shlex.quote(path)} ] || cp -p {shlex.quote(path)} {new}/{name}; }}"
                          for name, path, _ in release_files(cfg))  # a file the node never had stays absent
     record = shlex.quote(json.dumps(passed, sort_keys=True) + "\n")
     entry = shlex.quote(json.dumps({k: passed.get(k) for k in HISTORY_KEYS}, sort_keys=True))
+    same = shlex.quote(f'"release": {json.dumps(passed.get("release"))}')  # (release.json: sorted keys, json.dumps)
+    keep_previous = (f"{{ [ ! -f {good}/release.json ] || grep -qF {same} {good}/release.json || {{ rm -rf {aside} && "
+                     f"cp -a {good} {aside} && rm -rf {previous} && mv {aside} {previous}; }}; }}")
     tree = kept_tree(cfg, passed["model_revision"])
     keep = (f"python3 {VERIFIER} {MANIFEST} {shlex.quote(tree)} --link-from {shlex.quote(cfg.snapshot_dir)} "
             f"> /dev/null && " if tree else "")
     return (f"{keep}umask 077 && rm -rf {new} {old} && mkdir -p {new} && {copies} && printf %s {record} > {new}/release.json"
-            f" && {{ [ ! -e {good} ] || mv {good} {old}; }} && mv {new} {good} && rm -rf {old} && "
+            f" && {keep_previous} && {{ [ ! -e {good} ] || mv {good} {old}; }} && mv {new} {good} && rm -rf {old} && "
             f"python3 {PRUNER} record {release_history_path(cfg)} {entry}")
 
 
-def restore_good_command(cfg: NodeConfig, good: dict) -> str:
-    """Put the last good release ``good`` back: its files (each through a private temporary and a rename), a
-    `plain` layout's model commit linked back from its kept tree; then reload the unit and restart the service."""
-    dest = good_release_dir(cfg)
+def restore_good_command(cfg: NodeConfig, good: dict, source: str | None = None) -> str:
+    """Put the last good release ``good`` back (from ``source``: ``good_release_dir`` unless another is named): its
+    files (each through a private temporary and a rename), a `plain` layout's model commit linked back from its kept
+    tree; then reload the unit and restart the service."""
+    dest = source or good_release_dir(cfg)
     installs = " && ".join(f"{{ [ ! -e {dest}/{name} ] || {{ install -m {mode} {dest}/{name} {shlex.quote(path)}.rollback && "
                            f"mv -f {shlex.quote(path)}.rollback {shlex.quote(path)}; }}; }}"
                            for name, path, mode in release_files(cfg))

@@ -27,6 +27,7 @@ from deploys.service.door import (
     switch_marker_command,
     switch_marker_path,
 )
+from deploys.service.bench import bench_command, figures_told, parse_bench, regressions
 from deploys.service.outcome import Happened, switch_outcome
 from deploys.service.release import (
     as_released,
@@ -58,7 +59,7 @@ from facts.host import ExistingPaths
 GATE_BOUND_S = 900  # the switch marker's extra time for a serving gate (its checks' own timeouts, a slow decode)
 
 
-def _serves(host, cfg: NodeConfig, head: bool, model: str, run, progress, sudo: dict,
+def serves(host, cfg: NodeConfig, head: bool, model: str, run, progress, sudo: dict,
             abort=None, renew=None, tick=None) -> tuple[bool, str, dict]:
     """Wait for the service of ``cfg`` (a head: /health; a worker: running), showing its stage as it goes; on a
     head, then the serving gate. ``abort()``: a reason to stop waiting (a worker failed); ``renew(longer_s)``: the
@@ -82,7 +83,42 @@ def _serves(host, cfg: NodeConfig, head: bool, model: str, run, progress, sudo: 
     return True, f"passed the serving gate ({len(checks)} checks, {time.monotonic() - t0:.1f} s)", {**now, "checks": checks}
 
 
-class _Member:
+def passed_record(serving: dict, now: dict, switch_s: float | None) -> dict:
+    """A head's gate record of the release ``serving`` that just passed (``now``: its unit's last read, with the
+    gate's checks; ``switch_s``: how long its door was closed, when known)."""
+    return {**serving, "invocation": now.get("InvocationID"),
+            "passed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "checks": [c["check"] for c in now.get("checks", [])],
+            **({"bench": now["bench"]} if now.get("bench") else {}),
+            **({"switch_s": round(switch_s)} if switch_s is not None else {})}
+
+
+def _benched(me: "Member", model: str, release: dict, gated: str, now: dict, progress, renew) -> tuple[bool, str, dict]:
+    """After the gate passed (``gated``): the release bench (deploys/service/bench.py) on this head, its figures
+    compared with the last good release's. (ok, what happened, the unit's last read with the figures)."""
+    cfg = me.cfg
+    renew(cfg.release_bench_timeout_s * len(cfg.release_bench_concurrency))
+    progress(f"{gated}; benchmarking {release_named(release)} (vllm bench serve, concurrency "
+             f"{', '.join(map(str, cfg.release_bench_concurrency))})")
+    ran, out = run_on(me.host, StringCommand(bench_command(cfg, model)), **me.sudo)
+    err = out.stderr.strip()[-500:]
+    try:
+        levels = parse_bench(out.stdout) if ran else []
+    except (ValueError, KeyError, TypeError) as e:
+        levels, err = [], f"its result could not be read ({e})"
+    if len(levels) != len(cfg.release_bench_concurrency):
+        return False, (f"{cfg.container_name}.service passed the serving gate, but the release bench failed: "
+                       f"{err or 'no result'}"), now
+    good = me.good() or {}
+    now = {**now, "bench": levels}
+    if worse := regressions(levels, good.get("bench") or [], cfg):
+        return False, (f"{cfg.container_name}.service passed the serving gate but serves slower than the last good "
+                       f"{release_named(good)}: {'; '.join(worse)}"), now
+    against = f" (the last good release: {figures_told(good['bench'])})" if good.get("bench") else ""
+    return True, f"{gated}; bench: {figures_told(levels)}{against}", now
+
+
+class Member:
     """One member's shell as a head's converge reaches it (its own connection and privilege): the head saves and
     rolls back its workers' releases with its own."""
 
@@ -96,9 +132,10 @@ class _Member:
     def ok(self, command: str) -> bool:
         return run_on(self.host, StringCommand(command), **self.sudo)[0]
 
-    def good(self) -> dict | None:
-        """The last good release kept on this member (None: none, or unreadable)."""
-        text = self.run(f"cat {good_release_dir(self.cfg)}/release.json 2>/dev/null; true").strip()
+    def good(self, kept_in: str | None = None) -> dict | None:
+        """The last good release kept on this member (or the one kept in the release directory ``kept_in``; None:
+        none, or unreadable)."""
+        text = self.run(f"cat {kept_in or good_release_dir(self.cfg)}/release.json 2>/dev/null; true").strip()
         try:
             good = json.loads(text) if text else None
         except ValueError:
@@ -116,7 +153,7 @@ class _Member:
             if isinstance(entries, list) else ()
 
 
-def _rollback(me: _Member, workers: list[_Member], good: dict, release: dict, progress) -> tuple[dict | None, str]:
+def _rollback(me: Member, workers: list[Member], good: dict, release: dict, progress) -> tuple[dict | None, str]:
     """Put the last good release ``good`` back on every member, workers first (their rank starts before the head's).
     (the good release, None when nothing was rolled back; what happened)."""
     kept = {w.host.name: w.good() for w in workers}
@@ -139,21 +176,21 @@ def _wait_and_gate(state, host, head: bool, model: str, release: dict, record: s
     finally:
         for h in [host, *(state.inventory.get_host(name) for name in workers)]:
             if h is host or (h in state.active_hosts or h in state.failed_hosts):
-                member = _Member(h)
+                member = Member(h)
                 member.ok(f"rm -f {switch_marker_path(member.cfg)} {UPGRADE_MARKER}")
 
 
 def _switch_ends(state, host, head: bool, model: str, release: dict, record: str, workers: tuple[str, ...]) -> bool:
-    """Execute time, on one node: wait until its service serves (``_serves``), then do what the decision table
+    """Execute time, on one node: wait until its service serves (``serves``), then do what the decision table
     (deploys/service/outcome.py) says: keep the release, tell the head, remember it as failed, stop, or roll the
     cluster back (workers first) and gate the restored release; the host fails saying what failed and what the
     cluster serves now."""
-    me = _Member(host)
+    me = Member(host)
     cfg, service = me.cfg, f"{me.cfg.container_name}.service"
     in_run = [state.inventory.get_host(name) for name in workers]
     # a worker outside this run (--limit: a head restarted alone) is not reached: it keeps what it kept; one that
     # failed in this run is reached: the cluster rolls back as one, it too
-    members = [_Member(h) for h in in_run if h in state.active_hosts and h not in state.failed_hosts]
+    members = [Member(h) for h in in_run if h in state.active_hosts and h not in state.failed_hosts]
     away = tuple(h.name for h in in_run if h not in state.active_hosts and h not in state.failed_hosts)
     failed_switch = kept(state, "switch_failed", dict)  # workers that failed at or after their own switch
 
@@ -192,12 +229,6 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
             if me.ok(door_tells_command(cfg, now_s)):
                 told[0] = now_s
 
-    def passed_record(serving: dict, now: dict) -> dict:
-        return {**serving, "invocation": now.get("InvocationID"),
-                "passed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "checks": [c["check"] for c in now.get("checks", [])],
-                **({"switch_s": round(s)} if (s := door_closed_s()) is not None else {})}
-
     def write_json(path: str, data: dict) -> bool:
         """``data`` as the JSON file ``path`` on this head, replaced whole."""
         return me.ok(json_file_command(path, data))
@@ -211,8 +242,10 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
         write_json(gate_last_path(cfg), {"ok": passed, "at": int(time.time()), "release": of.get("release"),
                                          "image": of.get("image"), "model_revision": of.get("model_revision")})
 
-    ok, why, now = _serves(host, cfg, head, model, me.run, progress, me.sudo, worker_failed if head else None,
-                           renew if head else None, tick if head else None)
+    ok, why, now = serves(host, cfg, head, model, me.run, progress, me.sudo, worker_failed if head else None,
+                          renew if head else None, tick if head else None)
+    if ok and head and cfg.release_bench:
+        ok, why, now = _benched(me, model, release, why, now, progress, renew)
     good = me.good() if head and not ok else None
     todo = switch_outcome(Happened(head=head, service=service, ok=ok, release=release, policy=cfg.failed_release_policy,
                                    good=good, history=me.history() if head and not ok else (), workers_away=away))
@@ -221,7 +254,7 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
         return True
     if todo.keep_passed:
         write_verdict(True, release)
-        passed = passed_record(release, now)
+        passed = passed_record(release, now, door_closed_s())
         if not (all(m.ok(f"{save_good_command(m.cfg, passed)} && {forget_command(m.cfg)}") for m in [*members, me])
                 and write_record(passed) and me.ok(door_open_command(cfg))):
             return host_failed(host, f"{host.name}: the serving gate passed, but the release could not be kept "
@@ -235,7 +268,7 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
         return host_failed(host, failure)
     # a worker that failed its own switch (or an earlier step) is reached too: the cluster is remembered, stopped or
     # rolled back as one, that worker included
-    members += [_Member(h) for h in in_run if h.name in failed_switch or h in state.failed_hosts
+    members += [Member(h) for h in in_run if h.name in failed_switch or h in state.failed_hosts
                 if h.name not in {m.host.name for m in members}]
     if todo.failed_verdict:  # a passing rollback writes its own
         write_verdict(False, release)
@@ -253,19 +286,21 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
     if good is None:
         return host_failed(host, f"{failure}\n{host.name}: {what} ({service} left as it is){todo.said}")
     for member in members:
-        back, why_back, _ = _serves(member.host, member.cfg, False, model, member.run, progress, member.sudo)
+        back, why_back, _ = serves(member.host, member.cfg, False, model, member.run, progress, member.sudo)
         if not back:
             return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, but worker "
                                      f"{member.host.name} does not run it: {why_back}{todo.said}")
     cfg_back, model_back = as_released(cfg, model, good)  # gated where the restored release listens, by its name
     renew()
-    back, why_back, now_back = _serves(host, cfg_back, head, model_back, me.run, progress, me.sudo, renew=renew,
+    back, why_back, now_back = serves(host, cfg_back, head, model_back, me.run, progress, me.sudo, renew=renew,
                                        tick=tick)
     write_verdict(back, good)
     if not back:
         return host_failed(host, f"{failure}\n{host.name}: rolled back to {release_named(good)}, which failed too: "
                                  f"{why_back}{todo.said}")
-    write_record(passed_record({k: v for k, v in good.items() if k in release}, now_back))
+    # (its release bench figures stay with it: the restored release was not benched again)
+    write_record(passed_record({k: v for k, v in good.items() if k in release or k == "bench"}, now_back,
+                               door_closed_s()))
     me.ok(door_open_command(cfg))  # the restored release passed: the door opens
     on = f" on {host.name} and {', '.join(workers)}" if workers else ""
     return host_failed(host, f"{failure}\n{host.name}: rolled back: {service} serves the last good "

@@ -85,6 +85,11 @@ FAMILIES = {
     "serving_gate_ok": ("gauge", "1 if the last serving gate run passed, 0 if it failed."),
     "serving_gate_timestamp_seconds": ("gauge", "Unix time of the last serving gate run."),
     "serving_gate_info": ("gauge", "What the last serving gate run tested: release, image and model revision."),
+    "release_bench_output_tokens_per_second": ("gauge", "Head: output tok/s of the release it serves in its release "
+                                                        "bench after its gate, by concurrency (absent: not benched)."),
+    "release_bench_ttft_p95_seconds": ("gauge", "Head: time to first token, 95th percentile, of the release it serves "
+                                                "in its release bench, by concurrency."),
+    "release_bench_failed_requests": ("gauge", "Head: requests that failed in its release bench, by concurrency."),
     "service_active": ("gauge", "1 if the inference systemd unit is active, else 0."),
     "endpoint_closed": ("gauge", "Head with an endpoint: 1 while its door is closed (every API request gets a JSON 503: "
                                  "a switch, or a converge stopped before its gate), else 0."),
@@ -350,6 +355,18 @@ def unplanned_restart_samples(run: Run, service: str, marker: str, account: str,
     return [("service_unplanned_restarts_total", {}, state["unplanned"])]
 
 
+def release_bench_samples(gate_passed: str) -> list[Sample]:
+    """The release bench's figures of the release the head's gate last passed (its record's "bench")."""
+    record = read_record(gate_passed) or {}
+    samples: list[Sample] = []
+    for level in record.get("bench") or []:
+        labels = {"concurrency": str(int(level["concurrency"])), "release": str(record.get("release") or "")}
+        samples += [("release_bench_output_tokens_per_second", labels, float(level["output_tok_s"])),
+                    ("release_bench_ttft_p95_seconds", labels, float(level["ttft_p95_ms"]) / 1000),
+                    ("release_bench_failed_requests", labels, float(level["failed"]))]
+    return samples
+
+
 def collect(config: dict, run: Run = subprocess.run, now: Callable[[], float] = time.time) -> str:
     """Every source read once, each on its own (a failure is reported on stderr and leaves its series out), as
     the text format."""
@@ -364,6 +381,8 @@ def collect(config: dict, run: Run = subprocess.run, now: Callable[[], float] = 
         sources.append(("deep_verify", lambda: deep_verify_samples(config["deep_verify_record"])))
     if config.get("gate_last"):  # null on workers: the gate runs on the head only
         sources.append(("serving_gate", lambda: serving_gate_samples(config["gate_last"])))
+    if config.get("gate_passed"):  # heads
+        sources.append(("release_bench", lambda: release_bench_samples(config["gate_passed"])))
     if config.get("service"):
         sources.append(("service", lambda: service_samples(run, config["service"])))
     if config.get("switch_marker"):

@@ -1,20 +1,27 @@
 """The lab rollout (python -m deploys.rollout) on the sandbox's two clusters (deployment A's one node, the pair), with
 the real pyinfra runs, the real vLLM and the real door: a stage that fails on one cluster switches nothing and halts;
-`--resume` with the inventory fixed stages what is left, switches the canary (A) first and then the pair, gated, and
-the ledger and the lab's standing say so. Then the sandbox's own inventory is converged back."""
+`--resume` with the inventory fixed stages what is left, switches the canary (A) first and then the pair, gated; killed
+while the pair switches, a second `--resume` finishes the pair alone (A is not restarted), and the ledger and the
+lab's standing say so, with each head's release bench. A release that answers right but slower fails A's bench and
+halts a second rollout, A back on the release it served. `--abort` then puts both clusters back on the releases they
+served before (the pair's worker first), which a plain converge of the same inventory holds to, and the sandbox's
+own inventory converges without a restart."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from datetime import datetime
 
 import pytest
 
 from deploys.ops import staged_path
-from tests.node.conftest import INVENTORY, inventory_copy, on_node, pyinfra
+from tests.node.conftest import INVENTORY, changed_operations, inventory_copy, on_node, pyinfra
 
 pytestmark = pytest.mark.lifecycle
 
@@ -35,7 +42,28 @@ def rollout(inventory: str, state: str, *args: str) -> subprocess.CompletedProce
                           timeout=2400, env={**os.environ, "XDG_STATE_HOME": state})
 
 
-def test_a_rollout_stages_everything_first_halts_on_a_failed_stage_and_resumes_canary_first(sandbox, tmp_path):
+def killed_mid_wave(inventory: str, state: str, node: str, invocation: str) -> str:
+    """Run `--resume` and SIGKILL its process group once ``node``'s service runs another invocation than
+    ``invocation`` (its wave has begun restarting it); what it printed until then."""
+    proc = subprocess.Popen([sys.executable, "-m", "deploys.rollout", inventory, "--resume"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "XDG_STATE_HOME": state})
+    printed = []
+    reader = threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 1200
+    while time.monotonic() < deadline and proc.poll() is None:
+        if on_node(node, f"systemctl show -P InvocationID {UNITS[node]}").stdout.strip() not in (invocation, ""):
+            break
+        time.sleep(2)
+    assert proc.poll() is None, "the rollout ended before its wave restarted " + node + ":\n" + "".join(printed)[-3000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    reader.join(timeout=60)
+    return "".join(printed)
+
+
+def test_a_rollout_stages_first_halts_on_a_failed_stage_resumes_canary_first_after_a_kill_and_aborts(sandbox, tmp_path):
     state = str(tmp_path / "state")
     a_env = '_A_ENV = {**runpy.run_path(_A_PROFILE)["service_env"],'
     b_args = '_CPU_VLLM_ARGS = ["--max-model-len", "2048",'
@@ -63,11 +91,23 @@ def test_a_rollout_stages_everything_first_halts_on_a_failed_stage_and_resumes_c
     fixed = inventory_copy(tmp_path, (a_env, a_env + ' "INFERENCE_NODES_DRILL": "rollout",'),
                            (b_args, b_args + ' "--seed", "0",'))
     os.replace(fixed, broken)  # (the same inventory file: the ledger is the inventory's)
+    # ... and is killed (the control node's process group, pyinfra with it) once the pair's worker restarted in its wave
+    killed = killed_mid_wave(broken, state, "sandbox-b1", before["sandbox-b1"][0])
+    assert killed.index("rollout: staging gb10-dspark") < killed.index("rollout: wave 0: switching rtx-pro-6000-pair") \
+        < killed.index("rollout: wave 1: switching gb10-dspark"), killed[-3000:]
+    canary = started("sandbox-a")
+    assert canary[0] != before["sandbox-a"][0]
+    with open(os.path.join(state, "inference-nodes", "rollouts", ledger_file)) as f:
+        ledger = json.load(f)
+    assert {c: e["state"] for c, e in ledger["clusters"].items()} == {"rtx-pro-6000-pair": "switched",
+                                                                      "gb10-dspark": "staged"}
+    assert "--resume once the inventory is fixed" in rollout(broken, state).stderr  # unfinished: no fresh start
     resumed = rollout(broken, state, "--resume")
     assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-3000:]
     out = resumed.stdout
-    assert out.index("rollout: staging gb10-dspark") < out.index("rollout: wave 0: switching rtx-pro-6000-pair") \
-        < out.index("rollout: wave 1: switching gb10-dspark"), out[-3000:]
+    assert "rollout: wave 0: switching gb10-dspark" in out and "switching rtx-pro-6000-pair" not in out, out[-3000:]
+    assert "staging" not in out, out[-3000:]  # the pair was staged before the kill
+    assert started("sandbox-a") == canary, "the resume restarted a cluster the killed rollout had switched"
     after = {n: started(n) for n in UNITS}
     assert all(after[n][0] != before[n][0] for n in UNITS), (before, after)
     # the canary's service started before either member of the pair restarted
@@ -79,5 +119,50 @@ def test_a_rollout_stages_everything_first_halts_on_a_failed_stage_and_resumes_c
     standing = subprocess.run([sys.executable, "-m", "deploys.lab_status", broken, "--json"], capture_output=True,
                               text=True, timeout=120)
     assert standing.returncode == 0 and {r["state"] for r in json.loads(standing.stdout)} == {"live"}, standing.stdout
-    # back to the sandbox's own inventory (both clusters at once: a plain converge keeps working as before)
+    # each head benchmarked the release after its gate; its figures stand with the release
+    assert all([b["concurrency"] for b in r["live"]["bench"]] == [1, 2] and all(b["output_tok_s"] > 0 and not b["failed"]
+               for b in r["live"]["bench"]) for r in json.loads(standing.stdout)), standing.stdout
+
+    # a release that answers right but slower (A's vLLM runs one sequence at a time, not two): its gate passes, its
+    # bench does not (at concurrency 2 a request waits for the other); A goes back to the release it served, the
+    # rollout halts, the pair is untouched
+    os.mkdir(tmp_path / "slow")
+    slow = inventory_copy(tmp_path / "slow", (a_env, a_env + ' "INFERENCE_NODES_DRILL": "rollout", "MAX_NUM_SEQS": "1",'),
+                          (b_args, b_args + ' "--seed", "0",'))
+    slower = rollout(slow, state, "--limit", "rtx-pro-6000-pair")
+    assert slower.returncode == 1, slower.stdout[-3000:] + slower.stderr[-3000:]
+    assert "halted: wave 0 failed on rtx-pro-6000-pair" in slower.stdout, slower.stdout[-3000:]
+    assert "serves slower than the last good" in slower.stderr and "concurrency 2: TTFT p95" in slower.stderr, \
+        slower.stderr[-3000:]
+    assert started("sandbox-a")[0] != after["sandbox-a"][0]  # (switched, then rolled back)
+    assert {n: started(n) for n in ("sandbox-b0", "sandbox-b1")} == {n: after[n] for n in ("sandbox-b0", "sandbox-b1")}
+    standing = subprocess.run([sys.executable, "-m", "deploys.lab_status", broken, "--json"], capture_output=True,
+                              text=True, timeout=120)
+    assert standing.returncode == 0, standing.stdout  # A serves the release the first rollout switched it to
+    after = {n: started(n) for n in UNITS}
+
+    # --abort: every switched cluster back on the release it served before, the pair's worker first, gated
+    aborted = rollout(broken, state, "--abort")
+    assert aborted.returncode == 0, aborted.stdout[-4000:] + aborted.stderr[-3000:]
+    [told] = [line for line in aborted.stdout.splitlines() if line.startswith("rollout: aborting: ")]
+    assert "rtx-pro-6000-pair" in told and "gb10-dspark" in told and "back to the releases they served before" in told
+    back = {n: started(n) for n in UNITS}
+    assert all(back[n][0] != after[n][0] for n in UNITS), (after, back)
+    assert back["sandbox-b1"][1] < back["sandbox-b0"][1], back  # the worker's rank starts before its head
+    assert on_node("sandbox-a", f"grep -c INFERENCE_NODES_DRILL {live}").stdout.strip() == "0"
+    with open(os.path.join(state, "inference-nodes", "rollouts", ledger_file)) as f:
+        ledger = json.load(f)
+    assert ledger["aborted"] and {e["state"] for e in ledger["clusters"].values()} == {"rolled back"}
+    # the inventory still asks for the release left: held back by a plain converge, said so by lab_status
+    standing = subprocess.run([sys.executable, "-m", "deploys.lab_status", broken, "--json"], capture_output=True,
+                              text=True, timeout=120)
+    assert standing.returncode == 1, standing.stdout
+    assert {r["state"] for r in json.loads(standing.stdout)} == {"failed, rolled back"}, standing.stdout
+    held = pyinfra(broken, "deploys/all.py", "--limit", "rtx-pro-6000-pair", check=False)
+    assert held.returncode != 0 and "its switch was held back" in held.stderr, held.stderr[-3000:]
+    again = pyinfra("--json", broken, "deploys/roll_back.py")  # nothing serves a release to leave: no change
+    assert changed_operations(again) == [] and {n: started(n) for n in UNITS} == back
+    assert rollout(broken, state, "--abort").returncode == 0  # (the ledger: nothing switched is left)
+    # the releases restored are the sandbox's own: its inventory converges with no restart
     pyinfra(INVENTORY, "deploys/all.py")
+    assert {n: started(n) for n in UNITS} == back

@@ -340,6 +340,8 @@ def test_the_last_good_release_is_kept_whole_and_put_back_by_the_shell_commands(
     assert saved.returncode == 0, saved.stderr
     good = root / "releases" / cfg.container_name / "good"
     assert json.loads((good / "release.json").read_text())["release"] == "r1"
+    previous = root / "releases" / cfg.container_name / "previous"
+    assert not previous.exists()  # the first release has none before it
     assert stat.S_IMODE(good.stat().st_mode) == 0o700 and stat.S_IMODE((good / "service.env").stat().st_mode) == 0o600
     tree = model / ".inference-nodes-releases" / good_rev
     assert {p.name: p.stat().st_ino for p in tree.iterdir()} == good_inodes  # hard links: no bytes copied
@@ -359,9 +361,15 @@ def test_the_last_good_release_is_kept_whole_and_put_back_by_the_shell_commands(
     assert open(root / "follow-ups" / svc.QUADLET_STAMP).read().strip() == content_fingerprint(open(unit).read())
     assert open(tmp_path / "systemctl.log").read().split("\n")[:2] == ["daemon-reload", f"restart {cfg.container_name}.service"]
     assert not list(root.rglob("*.rollback")) and not list((root / "releases").rglob("good.*"))
-    for release in ("r2", "r1"):
+    for release in ("r2", "r1", "r1"):  # (r1 passing again, after a restart: r2 stays the one before it)
         assert sh(svc.save_good_command(cfg, {"release": release, "model_revision": good_rev})).returncode == 0
     assert json.loads((good / "release.json").read_text())["release"] == "r1"
+    assert json.loads((previous / "release.json").read_text())["release"] == "r2"
+    assert stat.S_IMODE(previous.stat().st_mode) == 0o700 and (previous / "unit.container").read_text() == "good unit.container\n"
+    assert not list((root / "releases").rglob("previous.*"))
+    (root / "units" / f"{cfg.container_name}.container").write_text("r1's unit\n")
+    assert sh(svc.restore_good_command(cfg, {"release": "r2", "model_revision": good_rev}, str(previous))).returncode == 0
+    assert (root / "units" / f"{cfg.container_name}.container").read_text() == "good unit.container\n"
     history = json.loads(open(svc.release_history_path(cfg)).read())
     assert [r["release"] for r in history] == ["r2", "r1"] and set(history[0]) == set(svc.HISTORY_KEYS)
 

@@ -88,3 +88,14 @@ def test_the_records_are_read_in_one_command_each_absent_or_damaged_one_none(tmp
     seen = fact.process(out.splitlines())
     assert seen == {"passed": NEW, "last": None, "history": [OLD, NEW], "failed": None}
     assert lab_status.cluster_standing("c", "h", CFG, seen)["state"] == "live"
+
+
+def test_the_performance_column_shows_tok_s_per_level_and_its_change_from_the_release_before():
+    before = {**OLD, "bench": [{"concurrency": 1, "output_tok_s": 100.0}, {"concurrency": 8, "output_tok_s": 600.0}]}
+    now = {**NEW, "bench": [{"concurrency": 1, "output_tok_s": 90.0}, {"concurrency": 8, "output_tok_s": 630.0},
+                            {"concurrency": 16, "output_tok_s": 900.0}]}
+    row = lab_status.cluster_standing("one", "b", CFG, _seen(now, {"ok": True, "release": "r-new"}, [before, now]))
+    assert lab_status.performance_told(row["live"], row["previous"]) == "c1: 90 (-10 %), c8: 630 (+5 %), c16: 900"
+    assert "c1: 90 (-10 %)" in lab_status.format_table([row])
+    assert lab_status.performance_told(row["previous"], None) == "c1: 100, c8: 600"
+    assert lab_status.performance_told({**NEW}, row["previous"]) == "-"  # not benched

@@ -495,3 +495,17 @@ def test_the_endpoints_door_is_exported_while_its_flag_exists_with_its_time(node
     os.utime(flag, (NOW - 300, NOW - 300))
     assert value(collect(node), "endpoint_closed") == 1
     assert value(collect(node), "endpoint_closed_since_seconds") == NOW - 300
+
+
+def test_the_release_bench_figures_of_the_release_that_serves_are_series(node, tmp_path):
+    passed = tmp_path / "gate-passed.json"
+    node.update(gate_passed=str(passed))
+    passed.write_text(json.dumps({"release": "r42", "unit": "a" * 64}))
+    assert not {n for n in names(collect(node)) if n.startswith("release_bench")}  # not benched: no series
+    passed.write_text(json.dumps({"release": "r42", "unit": "a" * 64, "bench": [
+        {"concurrency": 1, "output_tok_s": 72.3, "ttft_p95_ms": 226.0, "failed": 0},
+        {"concurrency": 16, "output_tok_s": 343.0, "ttft_p95_ms": 1250.0, "failed": 1}]}))
+    text = collect(node)
+    assert value(text, "release_bench_output_tokens_per_second", concurrency="16", release="r42") == 343.0
+    assert value(text, "release_bench_ttft_p95_seconds", concurrency="1", release="r42") == 0.226
+    assert value(text, "release_bench_failed_requests", concurrency="16", release="r42") == 1

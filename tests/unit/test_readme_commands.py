@@ -53,6 +53,8 @@ EXPECTED = {
         (1, [B[0]], [f"gb10-dspark  {B[0]}  unreachable", f"[{B[0]}]   SSH error"]),
     # the waves alone: no host is reached, nothing is written
     ".venv/bin/python -m deploys.rollout inventories/lab.py --limit gb10-dspark --plan": (0, [], ["wave 0 (canary): gb10-dspark"]),
+    # no rollout of this inventory is recorded on this control node: nothing to take back, no host reached
+    ".venv/bin/python -m deploys.rollout inventories/lab.py --limit gb10-dspark --abort": (2, [], ["no rollout to abort"]),
 }
 
 

@@ -12,20 +12,22 @@ import pytest
 from deploys.rollout import __main__ as rollout
 from deploys.rollout import ledger as ledgers
 
+BENCH = ("--data", "release_bench=true")
+
 
 @pytest.fixture
 def lab(tmp_path, monkeypatch):
     """The sandbox inventory (three hosts, two clusters; the control-node files it names are made when it loads), a ledger
     directory of its own, and the converges recorded: each returns the hosts the test says fail in that phase
-    (``failing``: (host, "stage" or "switch") pairs)."""
+    (``failing``: (host, "stage", "switch" or "abort") pairs)."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     runs: list[tuple[list[str], tuple[str, ...]]] = []
     failing: set[tuple[str, str]] = set()
 
-    def converge(inventory_file, cluster_names, *extra):
-        runs.append((list(cluster_names), extra))
+    def converge(inventory_file, cluster_names, *extra, deploy="deploys/all.py"):
+        runs.append((list(cluster_names), extra) if deploy == "deploys/all.py" else (deploy, list(cluster_names), extra))
         members = rollout.members_by_cluster(rollout.validate_inventory(rollout.load_inventory(inventory_file)))
-        phase = "stage" if extra else "switch"
+        phase = "abort" if deploy != "deploys/all.py" else "stage" if "release_stage_only=true" in extra else "switch"
         return True, {h for c in cluster_names for h in members[c] if (h, phase) in failing}, ""
     monkeypatch.setattr(rollout, "converge", converge)
     monkeypatch.setattr(rollout.lab_status, "read_standings", lambda inventory, heads: {n: None for _, n, _ in heads})
@@ -36,7 +38,7 @@ def test_everything_is_staged_first_then_the_canary_then_the_rest(lab, capsys):
     inventory, runs, _ = lab
     assert rollout.main([inventory]) == 0
     assert runs == [(["rtx-pro-6000-pair", "gb10-dspark"], ("--data", "release_stage_only=true")),
-                    (["rtx-pro-6000-pair"], ()), (["gb10-dspark"], ())]
+                    (["rtx-pro-6000-pair"], BENCH), (["gb10-dspark"], BENCH)]
     ledger = ledgers.load(ledgers.ledger_path(inventory))
     assert {c: e.state for c, e in ledger.clusters.items()} == {"rtx-pro-6000-pair": "switched", "gb10-dspark": "switched"}
     assert "every cluster switched" in capsys.readouterr().out
@@ -49,7 +51,7 @@ def test_a_failed_canary_halts_before_any_other_cluster_switches_and_resume_fini
     inventory, runs, failing = lab
     failing.add(("sandbox-a", "switch"))
     assert rollout.main([inventory]) == 1
-    assert runs[1:] == [(["rtx-pro-6000-pair"], ())], "a cluster switched after the canary failed"
+    assert runs[1:] == [(["rtx-pro-6000-pair"], BENCH)], "a cluster switched after the canary failed"
     out = capsys.readouterr().out
     assert "halted: wave 0 failed on rtx-pro-6000-pair" in out and "not switched: rtx-pro-6000-pair, gb10-dspark" in out
     ledger = ledgers.load(ledgers.ledger_path(inventory))
@@ -61,9 +63,55 @@ def test_a_failed_canary_halts_before_any_other_cluster_switches_and_resume_fini
     failing.clear()
     assert rollout.main([inventory, "--resume"]) == 0
     # the failed cluster is staged again; the one staged before is not
-    assert runs == [(["rtx-pro-6000-pair"], ("--data", "release_stage_only=true")), (["rtx-pro-6000-pair"], ()),
-                    (["gb10-dspark"], ())]
+    assert runs == [(["rtx-pro-6000-pair"], ("--data", "release_stage_only=true")), (["rtx-pro-6000-pair"], BENCH),
+                    (["gb10-dspark"], BENCH)]
     assert rollout.main([inventory, "--resume"]) == 2  # nothing left to resume
+
+
+def test_abort_rolls_back_what_the_rollout_switched_and_only_that(lab, capsys):
+    inventory, runs, failing = lab
+    assert rollout.main([inventory, "--abort"]) == 2 and "no rollout to abort" in capsys.readouterr().err
+    failing.add(("sandbox-b0", "switch"))  # the pair's wave fails after the canary switched
+    assert rollout.main([inventory]) == 1
+    asked = ledgers.load(ledgers.ledger_path(inventory)).clusters["rtx-pro-6000-pair"].asked["release"]
+    runs.clear()
+    failing.add(("sandbox-a", "abort"))
+    assert rollout.main([inventory, "--abort"]) == 1  # its roll back failed: the ledger says so and stays open
+    assert runs == [("deploys/roll_back.py", ["rtx-pro-6000-pair"], ("--data", f"roll_back_from={asked}"))]
+    assert "not rolled back: rtx-pro-6000-pair" in capsys.readouterr().out
+    assert rollout.main([inventory]) == 2 and "--abort again" in capsys.readouterr().err
+    assert rollout.main([inventory, "--resume"]) == 2
+    failing.clear()
+    runs.clear()
+    assert rollout.main([inventory, "--abort"]) == 0
+    assert runs == [("deploys/roll_back.py", ["rtx-pro-6000-pair"], ("--data", f"roll_back_from={asked}"))]
+    ledger = ledgers.load(ledgers.ledger_path(inventory))
+    assert ledger.aborted and {c: e.state for c, e in ledger.clusters.items()} == {
+        "rtx-pro-6000-pair": "rolled back", "gb10-dspark": "failed"}
+    runs.clear()
+    assert rollout.main([inventory, "--abort"]) == 0 and runs == []  # nothing switched is left to roll back
+    runs.clear()
+    assert rollout.main([inventory, "--resume"]) == 2  # an aborted rollout is over: a new one starts over
+    assert rollout.main([inventory]) == 0 and len(runs) == 3
+
+
+def test_abort_leaves_a_cluster_that_served_the_release_before_the_rollout(lab, monkeypatch):
+    inventory, runs, _ = lab
+    asked = {}
+
+    def standings(inventory_, heads):  # the pair served the inventory's release already when the rollout began
+        from deploys.lab_status import asked_release
+        configs = rollout.validate_inventory(rollout.load_inventory(inventory))
+        asked.update({n: asked_release(configs, n) for _, n, _ in heads})
+        return {n: ({"passed": {**asked[n], "passed_at": "t"}} if n == "sandbox-b0" else None) for _, n, _ in heads}
+    monkeypatch.setattr(rollout.lab_status, "read_standings", standings)
+    assert rollout.main([inventory]) == 0
+    runs.clear()
+    assert rollout.main([inventory, "--abort"]) == 0
+    assert runs == [("deploys/roll_back.py", ["rtx-pro-6000-pair"],
+                     ("--data", f"roll_back_from={asked['sandbox-a']['release']}"))]
+    ledger = ledgers.load(ledgers.ledger_path(inventory))
+    assert ledger.clusters["gb10-dspark"].state == "rolled back" and "nothing to undo" in ledger.clusters["gb10-dspark"].why
 
 
 def test_a_stage_that_fails_anywhere_switches_nothing(lab, capsys):
