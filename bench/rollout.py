@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Rollout benchmark: from a converged sandbox (`make demo`), a rollout of a good release to both clusters (A's
-environment gains a variable, the pair's vLLM `--seed 0`), timed per phase against its lower bound, then `--abort`,
+environment gains a variable, the pair's vLLM `--seed 1`), timed per phase against its lower bound, then `--abort`,
 which puts the sandbox's own releases back, timed the same way. The lower bound of a wave is its slowest cluster's
 switch (its door closed until its gate passed: the head's gate record's `switch_s`) plus the bake: what no rollout of
 these waves can go below; the rest is the control node's share (pyinfra's connections, facts and the steps around the
@@ -29,7 +29,7 @@ NODE_SH = os.path.join(ROOT, "tests/sandbox/node.sh")
 INVENTORY = os.path.join(ROOT, "inventories/sandbox.py")
 EDITS = (('_A_ENV = {**runpy.run_path(_A_PROFILE)["service_env"],',
           '_A_ENV = {**runpy.run_path(_A_PROFILE)["service_env"], "INFERENCE_NODES_BENCH": "rollout",'),
-         ('_CPU_VLLM_ARGS = ["--max-model-len", "2048",', '_CPU_VLLM_ARGS = ["--max-model-len", "2048", "--seed", "0",'))
+         ('_CPU_VLLM_ARGS = ["--max-model-len", "2048",', '_CPU_VLLM_ARGS = ["--max-model-len", "2048", "--seed", "1",'))
 
 
 def new_release_inventory(where: str) -> str:

@@ -194,6 +194,8 @@ def carry_out(args, inventory, configs, ledger: ledgers.Ledger, path: str) -> in
                         why or ("its switch failed (its converge rolled it back)" if c in failed else None))
         if failed:
             return halted(inventory, configs, ledger, path, f"wave {i} failed on {', '.join(failed)}")
+        for row in lab_status.standings(inventory, configs, [h for h in lab_status.heads(configs, None) if h[0] in wave]):
+            ledger.clusters[row["cluster"]].after = row["live"]  # (its performance record kept in the ledger too)
         ledgers.save(path, ledger)
         if args.bake_s and (loud := quiet(inventory, configs, wave, args.bake_s)):
             for c in wave:
@@ -206,10 +208,12 @@ def carry_out(args, inventory, configs, ledger: ledgers.Ledger, path: str) -> in
 
 
 def abort(args, inventory, configs, ledger: ledgers.Ledger, path: str) -> int:
-    """Every cluster this rollout switched goes back to the release it served before (deploys/roll_back.py, all in
+    """Every cluster this rollout switched (or tried to) goes back to the release it served before (deploys/roll_back.py, all in
     one run: each head takes its own cluster back, workers first, gated); the release it left is recorded as failed
     on its members, so a plain converge holds it back. Exit 0 when every one went back."""
-    switched = [c for c, e in ledger.clusters.items() if e.state == "switched"]
+    # switched, or failed after its switch (a loud bake leaves it on the new release; one its converge rolled back
+    # serves the release before already, which its head finds: nothing changes there)
+    switched = [c for c, e in ledger.clusters.items() if e.state in ("switched", "failed")]
     for c in [c for c in switched if lab_status.same_release(ledger.clusters[c].before, ledger.clusters[c].asked)]:
         ledger.mark(c, "rolled back", "it served this release before the rollout: nothing to undo")
         switched.remove(c)

@@ -39,6 +39,7 @@ class ClusterEntry:
     at: str | None = None          # when the state was reached
     why: str | None = None         # a failure's first line
     before: dict | None = None     # the release that served when the rollout began (lab_status's "live")
+    after: dict | None = None      # the release it switched to, as its head keeps it: with its release bench figures
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Ledger:
         """Stopped before every cluster switched, and not aborted since (what `--resume` continues); an abort that
         could not roll every switched cluster back leaves it unfinished too."""
         if self.aborted:
-            return any(e.state == "switched" for e in self.clusters.values())
+            return any(e.state in ("switched", "failed") for e in self.clusters.values())
         return any(e.state != "switched" for e in self.clusters.values())
 
     def remaining_waves(self) -> list[list[str]]:
