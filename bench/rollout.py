@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Rollout benchmark: from a converged sandbox (`make demo`), a rollout of a good release to both clusters (A's
-environment gains a variable, the pair's vLLM `--seed 1`), timed per phase against its lower bound, then `--abort`,
-which puts the sandbox's own releases back, timed the same way. The lower bound of a wave is its slowest cluster's
-switch (its door closed until its gate passed: the head's gate record's `switch_s`) plus the bake: what no rollout of
-these waves can go below; the rest is the control node's share (pyinfra's connections, facts and the steps around the
-switch). Prints a table; not a test.
+environment gains a variable, the pair's vLLM a `--seed`, both new each run), timed per phase against its lower
+bound, then `--abort`, which puts the sandbox's own releases back, timed the same way. The lower bound of a wave is
+its slowest cluster's switch (its door closed until its gate and release bench passed: the head's gate record's
+`switch_s`) plus the bake: what no rollout of these waves can go below; the rest is the control node's share
+(pyinfra's connections, facts and the steps around the switch). Prints a table, and the rollout's closing table
+(each head's release bench against the release before); not a test.
 
     python bench/rollout.py [--bake-s S]
 """
@@ -27,16 +28,20 @@ from deploys.service.release import gate_record_path  # noqa: E402
 
 NODE_SH = os.path.join(ROOT, "tests/sandbox/node.sh")
 INVENTORY = os.path.join(ROOT, "inventories/sandbox.py")
-EDITS = (('_A_ENV = {**runpy.run_path(_A_PROFILE)["service_env"],',
-          '_A_ENV = {**runpy.run_path(_A_PROFILE)["service_env"], "INFERENCE_NODES_BENCH": "rollout",'),
-         ('_CPU_VLLM_ARGS = ["--max-model-len", "2048",', '_CPU_VLLM_ARGS = ["--max-model-len", "2048", "--seed", "1",'))
+def edits(token: int) -> tuple[tuple[str, str], ...]:
+    """A new release of both clusters, its own each run (``token``): an aborted release is recorded as failed, and a
+    rollout of it again would be held back."""
+    return (('_A_ENV = {**runpy.run_path(_A_PROFILE)["service_env"],',
+             f'_A_ENV = {{**runpy.run_path(_A_PROFILE)["service_env"], "INFERENCE_NODES_BENCH": "{token}",'),
+            ('_CPU_VLLM_ARGS = ["--max-model-len", "2048",',
+             f'_CPU_VLLM_ARGS = ["--max-model-len", "2048", "--seed", "{token}",'))
 
 
 def new_release_inventory(where: str) -> str:
     """The sandbox inventory asking both clusters for a new, good release (beside the sandbox's group data)."""
     with open(INVENTORY) as f:
         text = f.read()
-    for old, new in EDITS:
+    for old, new in edits(int(time.time()) % 1_000_000 + 1):  # (seed 0 is test_90's)
         if old not in text:
             raise SystemExit(f"{INVENTORY} no longer has {old!r}")
         text = text.replace(old, new)

@@ -22,7 +22,7 @@ from deploys.schema import InventoryValidationError, NodeConfig, clusters, valid
 from deploys.service.release import failed_release_path, gate_last_path, gate_record_path, release_history_path
 from facts.containers import ReleaseStanding
 
-COLUMNS = ("cluster", "head", "state", "serves (image, model commit)", "gated at", "output tok/s (vs before it)", "before it",
+COLUMNS = ("cluster", "head", "state", "serves: image @ model commit (release)", "gated at", "output tok/s (vs before it)", "before it",
            "asked by the inventory")
 LIVE = "live"
 
@@ -91,11 +91,14 @@ def cluster_standing(cluster: str, head: str, cfg: NodeConfig, seen: dict | None
 
 
 def _named(release: dict | None) -> str:
+    """Image (digest shortened) @ model commit, then the release id: two releases of one image and commit differ in
+    their unit or environment, which only the id tells apart."""
     if not release:
         return "-"
     image = str(release.get("image"))
     name, digest = image.split("@sha256:", 1) if "@sha256:" in image else (image, "")
-    return f"{name}{'@sha256:' + digest[:12] if digest else ''} @ {str(release.get('model_revision') or '?')[:12]}"
+    named = f"{name}{'@sha256:' + digest[:12] if digest else ''} @ {str(release.get('model_revision') or '?')[:12]}"
+    return f"{named} ({release['release']})" if release.get("release") else named
 
 
 def performance_told(live: dict | None, previous: dict | None) -> str:

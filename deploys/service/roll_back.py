@@ -88,6 +88,7 @@ def _rolled_back(state, host, served: dict, previous: dict, model: str, workers:
         renew(cfg.endpoint_drain_s)
         flag = closed_flag_path(cfg)
         me.ok(f"install -d -m 0755 {posixpath.dirname(flag)} && {door_close_command(cfg, served.get('switch_s'))}")
+        closed = time.monotonic()  # (how long the door stays closed: the record's switch_s, the next Retry-After)
         drain(state, host, as_released(cfg, "", served)[0])
         progress(f"rolling back from {release_named(served)} to {release_named(previous)}"
                  + (f", workers first ({', '.join(workers)})" if workers else ""))
@@ -110,7 +111,7 @@ def _rolled_back(state, host, served: dict, previous: dict, model: str, workers:
                                       "admin)")
         if not (all(m.ok(f"{promote_previous_command(m.cfg)} && {record_command(m.cfg, left)}") for m in [me, *members])
                 and me.ok(json_file_command(gate_record_path(cfg), passed_record(
-                    {k: v for k, v in previous.items() if k not in GATE_FIELDS}, now, None)))):
+                    {k: v for k, v in previous.items() if k not in GATE_FIELDS}, now, time.monotonic() - closed)))):
             return failed(f"{release_named(previous)} serves and passed the gate, but could not be kept as the good release")
         me.ok(door_open_command(cfg))
         progress(f"{why}: {release_named(previous)} serves again"
