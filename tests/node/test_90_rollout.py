@@ -1,11 +1,12 @@
 """The lab rollout (python -m deploys.rollout) on the sandbox's two clusters (deployment A's one node, the pair), with
 the real pyinfra runs, the real vLLM and the real door: a stage that fails on one cluster switches nothing and halts;
 `--resume` with the inventory fixed stages what is left, switches the canary (A) first and then the pair, gated; killed
-while the pair switches, a second `--resume` finishes the pair alone (A is not restarted), and the ledger and the
-lab's standing say so, with each head's release bench. A release that answers right but slower fails A's bench and
-halts a second rollout, A back on the release it served. `--abort` then puts both clusters back on the releases they
-served before (the pair's worker first), which a plain converge of the same inventory holds to, and the sandbox's
-own inventory converges without a restart."""
+while the pair switches, a second `--resume` switches the pair alone (A is not restarted), and its bake halts it on
+an alert of the pair's (its worker's node-exporter stopped); a third, without a bake, ends it with no restart; the
+ledger and the lab's standing say so, with each head's release bench. A release that answers right but slower fails
+A's bench and halts a second rollout, A back on the release it served. `--abort` then puts both clusters back on the
+releases they served before (the pair's worker first), which a plain converge of the same inventory holds to, and
+the sandbox's own inventory converges without a restart."""
 
 from __future__ import annotations
 
@@ -63,6 +64,18 @@ def killed_mid_wave(inventory: str, state: str, node: str, invocation: str) -> s
     return "".join(printed)
 
 
+def stop_when_switched(state: str, ledger_file: str, cluster: str, node: str, unit: str) -> None:
+    """Stop ``unit`` on ``node`` once the ledger says ``cluster`` switched (its wave passed: the bake begins)."""
+    path = os.path.join(state, "inference-nodes", "rollouts", ledger_file)
+    deadline = time.monotonic() + 1200
+    while time.monotonic() < deadline:
+        with open(path) as f:
+            if json.load(f)["clusters"][cluster]["state"] == "switched":
+                on_node(node, f"systemctl stop {unit}")
+                return
+        time.sleep(1)
+
+
 def test_a_rollout_stages_first_halts_on_a_failed_stage_resumes_canary_first_after_a_kill_and_aborts(sandbox, tmp_path):
     state = str(tmp_path / "state")
     a_env = '_A_ENV = {**runpy.run_path(_A_PROFILE)["service_env"],'
@@ -102,13 +115,29 @@ def test_a_rollout_stages_first_halts_on_a_failed_stage_resumes_canary_first_aft
     assert {c: e["state"] for c, e in ledger["clusters"].items()} == {"rtx-pro-6000-pair": "switched",
                                                                       "gb10-dspark": "staged"}
     assert "--resume once the inventory is fixed" in rollout(broken, state).stderr  # unfinished: no fresh start
-    resumed = rollout(broken, state, "--resume")
-    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-3000:]
-    out = resumed.stdout
+    # resumed with a bake: the pair's worker's node-exporter stops as the bake begins, NodeExporterDown fires for
+    # the wave's cluster on the monitoring host's Prometheus, and the rollout halts with the pair on the new release
+    exporter = "inference-nodes-node-exporter.service"
+    stopper = threading.Thread(target=stop_when_switched,
+                               args=(state, ledger_file, "gb10-dspark", "sandbox-b1", exporter))
+    stopper.start()
+    try:
+        loud = rollout(broken, state, "--resume", "--bake-s", "40")
+    finally:
+        stopper.join(timeout=60)
+        on_node("sandbox-b1", f"systemctl start {exporter}")
+    assert loud.returncode == 1, loud.stdout[-4000:] + loud.stderr[-3000:]
+    out = loud.stdout
     assert "rollout: wave 0: switching gb10-dspark" in out and "switching rtx-pro-6000-pair" not in out, out[-3000:]
     assert "staging" not in out, out[-3000:]  # the pair was staged before the kill
+    assert "halted: wave 0: alerts firing during the bake:" in out and "NodeExporterDown on sandbox-b1" in out, out[-3000:]
     assert started("sandbox-a") == canary, "the resume restarted a cluster the killed rollout had switched"
+    pair = {n: started(n) for n in ("sandbox-b0", "sandbox-b1")}
+    # the exporter back, a resume without a bake finds the pair on its release: nothing restarts, the rollout ends
+    resumed = rollout(broken, state, "--resume")
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-3000:]
     after = {n: started(n) for n in UNITS}
+    assert {n: after[n] for n in pair} == pair and after["sandbox-a"] == canary
     assert all(after[n][0] != before[n][0] for n in UNITS), (before, after)
     # the canary's service started before either member of the pair restarted
     assert after["sandbox-a"][1] < min(after["sandbox-b0"][1], after["sandbox-b1"][1]), after
