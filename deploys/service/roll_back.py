@@ -52,11 +52,34 @@ def roll_back_decision(name: str, served: dict, leaving: set[str], previous: dic
     return "roll back", f"{name}: from {release_named(served)} back to {release_named(previous)}"
 
 
+def release_before(previous: dict, good: dict, served: dict) -> dict:
+    """The good release a head kept before the one it serves: its previous release directory's, or, where a roll back
+    was killed between this head's promote and its gate record (the record still names the release left), its good
+    one; {} where it keeps none."""
+    if previous:
+        return previous
+    return good if good.get("release") not in (None, served.get("release")) else {}
+
+
 def promote_previous_command(cfg: NodeConfig) -> str:
     """Shell: the previous good release becomes the last good one (renamed in; the release left is dropped)."""
     good, previous = good_release_dir(cfg), previous_release_dir(cfg)
     return (f"[ -d {previous} ] && rm -rf {good}.old && {{ [ ! -e {good} ] || mv {good} {good}.old; }} && "
             f"mv {previous} {good} && rm -rf {good}.old")
+
+
+def where_kept(member: Member, release: str) -> tuple[str | None, dict | None]:
+    """The release directory of ``member`` that keeps ``release`` and that release's record: its previous one, or its
+    good one where a roll back killed after this member's promote moved it there; (None, None) where neither does."""
+    for kept_in in (previous_release_dir(member.cfg), good_release_dir(member.cfg)):
+        if (found := member.good(kept_in)) and found.get("release") == release:
+            return kept_in, found
+    return None, None
+
+
+def promoted(member: Member, kept_in: str) -> str:
+    """Shell: ``member``'s previous release made its good one, unless it is already (``kept_in``: where_kept's)."""
+    return promote_previous_command(member.cfg) if kept_in == previous_release_dir(member.cfg) else "true"
 
 
 def _rolled_back(state, host, served: dict, previous: dict, model: str, workers: tuple[str, ...]) -> bool:
@@ -68,8 +91,9 @@ def _rolled_back(state, host, served: dict, previous: dict, model: str, workers:
         return host_failed(host, f"{host.name}: worker {', '.join(away)} is not in this run: a cluster rolls back whole "
                                  f"(--limit {cfg.cluster_name}): nothing rolled back")
     members = [Member(h) for h in hosts]
-    kept = {m.host.name: m.good(previous_release_dir(m.cfg)) for m in members}
-    if missing := [name for name, g in kept.items() if (g or {}).get("release") != previous["release"]]:
+    kept = {m.host.name: where_kept(m, previous["release"]) for m in members}
+    kept[host.name] = where_kept(me, previous["release"])
+    if missing := [name for name, (kept_in, _) in kept.items() if kept_in is None]:
         return host_failed(host, f"{host.name}: {', '.join(missing)} does not keep {release_named(previous)}: nothing "
                                  "rolled back")
 
@@ -93,8 +117,8 @@ def _rolled_back(state, host, served: dict, previous: dict, model: str, workers:
         progress(f"rolling back from {release_named(served)} to {release_named(previous)}"
                  + (f", workers first ({', '.join(workers)})" if workers else ""))
         for member in [*members, me]:
-            if not member.ok(restore_good_command(member.cfg, kept.get(member.host.name) or previous,
-                                                  previous_release_dir(member.cfg))):
+            kept_in, record = kept[member.host.name]
+            if not member.ok(restore_good_command(member.cfg, record, kept_in)):
                 return failed(f"the files of {release_named(previous)} could not be put back on {member.host.name}")
         for member in members:
             ok, why, _ = serves(member.host, member.cfg, False, model, member.run, progress, member.sudo)
@@ -109,9 +133,14 @@ def _rolled_back(state, host, served: dict, previous: dict, model: str, workers:
             return failed(f"{release_named(previous)} failed too: {why}")
         left = failure_record(served, "taken off by deploys/roll_back.py (roll_back_from: a rollout's --abort, or an "
                                       "admin)")
-        if not (all(m.ok(f"{promote_previous_command(m.cfg)} && {record_command(m.cfg, left)}") for m in [me, *members])
-                and me.ok(json_file_command(gate_record_path(cfg), passed_record(
-                    {k: v for k, v in previous.items() if k not in GATE_FIELDS}, now, time.monotonic() - closed)))):
+        # kept in this order, so that a run killed in between is finished by the next: the release left recorded as
+        # failed on every member, then each worker's previous release made its good one (a worker whose previous
+        # release is already its good one: where_kept), the head's last, with its gate record in the same command (its
+        # record is what the next run decides from: still the release left, it rolls back again)
+        record = json_file_command(gate_record_path(cfg), passed_record(
+            {k: v for k, v in previous.items() if k not in GATE_FIELDS}, now, time.monotonic() - closed))
+        if not (all(m.ok(f"{record_command(m.cfg, left)} && {promoted(m, kept[m.host.name][0])}") for m in members)
+                and me.ok(f"{record_command(cfg, left)} && {promoted(me, kept[host.name][0])} && {record}")):
             return failed(f"{release_named(previous)} serves and passed the gate, but could not be kept as the good release")
         me.ok(door_open_command(cfg))
         progress(f"{why}: {release_named(previous)} serves again"
@@ -124,7 +153,7 @@ def _rolled_back(state, host, served: dict, previous: dict, model: str, workers:
 
 
 @operation()
-def release_rolled_back(service: str, record: str, previous: str, leaving: tuple[str, ...], head: bool,
+def release_rolled_back(service: str, record: str, previous: str, good: str, leaving: tuple[str, ...], head: bool,
                         workers: tuple[str, ...], model: str, releases_kept: int):
     """A head serving a release to leave goes back to the good release it served before, with its workers
     (``_rolled_back``); one that serves another release changes nothing.
@@ -132,6 +161,7 @@ def release_rolled_back(service: str, record: str, previous: str, leaving: tuple
     + service: the generated service name
     + record: the head's gate record (``gate_record_path``)
     + previous: the release directory kept before the last good one (``previous_release_dir``)
+    + good: the last good release's directory (``good_release_dir``)
     + leaving: the release ids to take the cluster off
     + head: rank 0 (or a single node): workers are rolled back by their head
     + workers: a head's workers, in rank order
@@ -143,6 +173,8 @@ def release_rolled_back(service: str, record: str, previous: str, leaving: tuple
         return
     served = read(host, GatePassed, record=record, service=service)["release"] or {}
     kept = read(host, JsonRecord, path=f"{previous}/release.json")
+    if not kept:
+        kept = release_before(kept, read(host, JsonRecord, path=f"{good}/release.json"), served)
     act, why = roll_back_decision(host.name, served, set(leaving), kept, releases_kept)
     if act == "stay":
         host.noop(why)
@@ -159,6 +191,6 @@ def release_back():
     members = cluster_member_names()
     release_rolled_back(name="Put the good release before this one back (workers first, gated)",
                         service=f"{cfg.container_name}.service", record=gate_record_path(cfg),
-                        previous=previous_release_dir(cfg), leaving=leaving, head=cfg.is_head,
+                        previous=previous_release_dir(cfg), good=good_release_dir(cfg), leaving=leaving, head=cfg.is_head,
                         workers=tuple(members[1:]) if cfg.is_head else (), model=served_model_name(cfg),
                         releases_kept=cfg.releases_kept)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from deploys.service.roll_back import promote_previous_command, roll_back_decision
+from deploys.service.roll_back import promote_previous_command, release_before, roll_back_decision
 
 NEW = {"release": "b" * 16, "image": "reg/vllm@sha256:" + "b" * 64, "model_revision": "2" * 40}
 OLD = {"release": "a" * 16, "image": "reg/vllm@sha256:" + "a" * 64, "model_revision": "1" * 40}
@@ -45,3 +45,10 @@ def test_the_previous_release_becomes_the_good_one(tmp_path, monkeypatch):
     assert sorted(p.name for p in root.iterdir()) == ["good"]
     assert subprocess.run(["sh", "-c", command], capture_output=True, timeout=30).returncode != 0  # none left: refused
     assert json.loads((root / "good" / "release.json").read_text()) == OLD
+
+
+def test_the_release_before_is_the_previous_one_or_a_killed_roll_backs_good_one():
+    assert release_before(OLD, NEW, NEW) == OLD
+    assert release_before({}, OLD, NEW) == OLD  # killed after the promote, before the gate record: the next run finishes
+    assert release_before({}, NEW, NEW) == {}   # the only release it kept is the one it serves
+    assert release_before({}, {}, NEW) == {}
