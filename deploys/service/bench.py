@@ -13,7 +13,6 @@ from deploys.serving_gate import engine_url
 from deploys.service.unit import model_path_in_container
 
 RESULTS = "/var/lib/inference-nodes/bench"  # each level's result file of the last bench (root only)
-FIGURES = ("output_tok_s", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms", "completed", "failed")
 
 
 def bench_command(cfg: NodeConfig, model: str) -> str:

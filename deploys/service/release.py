@@ -9,6 +9,7 @@ import hashlib
 import json
 import posixpath
 import shlex
+import time
 from datetime import datetime, timezone
 
 from deploys.model import integrity as model_integrity
@@ -149,6 +150,13 @@ def model_switch_command(staged: ModelState, live_dir: str | None = None, tree: 
     installs = " && ".join(f"install -m 0644 {src} {dest}.switch && mv -f {dest}.switch {dest}"
                            for src, dest in ((staged.stamp, STAMP), (staged.manifest, MANIFEST)))
     return f"{check} && mkdir -p {posixpath.dirname(STAMP)} && {record} && {installs} && rm -rf {COMMITS_DIR}"
+
+
+def verdict_command(cfg: NodeConfig, passed: bool, of: dict) -> str:
+    """Shell: the last serving gate's verdict on this head, with its time and the release it ran against (what the
+    node's metrics report: deploys/monitoring/node.py)."""
+    return json_file_command(gate_last_path(cfg), {"ok": passed, "at": int(time.time()), "release": of.get("release"),
+                                                   "image": of.get("image"), "model_revision": of.get("model_revision")})
 
 
 def release_named(release: dict) -> str:

@@ -25,9 +25,9 @@ from deploys.run.reads import operation, read
 from deploys.schema import NodeConfig
 from deploys.service.door import door_close_command, door_open_command, drain, switch_marker_command, switch_marker_path
 from deploys.service.failed_release import asked_release
-from deploys.service.release import (as_released, failure_record, gate_last_path, gate_record_path, good_release_dir,
-                                     json_file_command, previous_release_dir, record_command, release_named,
-                                     restore_good_command)
+from deploys.service.release import (as_released, failure_record, gate_record_path, good_release_dir, json_file_command,
+                                     previous_release_dir, record_command, release_named, restore_good_command,
+                                     verdict_command)
 from deploys.service.switch import Member, passed_record, serves
 from deploys.service.unit import served_model_name
 from facts.containers import GatePassed, JsonRecord
@@ -127,8 +127,7 @@ def _rolled_back(state, host, served: dict, previous: dict, model: str, workers:
         cfg_back, model_back = as_released(cfg, model, previous)  # gated where it listens, by its name
         renew()
         ok, why, now = serves(host, cfg_back, True, model_back, me.run, progress, me.sudo, renew=renew)
-        me.ok(json_file_command(gate_last_path(cfg), {"ok": ok, "at": int(time.time()), **{
-            k: previous.get(k) for k in ("release", "image", "model_revision")}}))
+        me.ok(verdict_command(cfg, ok, previous))
         if not ok:
             return failed(f"{release_named(previous)} failed too: {why}")
         left = failure_record(served, "taken off by deploys/roll_back.py (roll_back_from: a rollout's --abort, or an "

@@ -33,7 +33,6 @@ from deploys.service.release import (
     as_released,
     failure_record,
     forget_command,
-    gate_last_path,
     good_release_dir,
     json_file_command,
     record_command,
@@ -41,6 +40,7 @@ from deploys.service.release import (
     release_named,
     restore_good_command,
     save_good_command,
+    verdict_command,
 )
 from deploys.service.restart import restart_due
 from deploys.serving_gate import (
@@ -239,8 +239,7 @@ def _switch_ends(state, host, head: bool, model: str, release: dict, record: str
     def write_verdict(passed: bool, of: dict) -> None:
         """The last gate's verdict, for the node's metrics (a failure to write it fails nothing: the converge itself
         reports the gate's verdict)."""
-        write_json(gate_last_path(cfg), {"ok": passed, "at": int(time.time()), "release": of.get("release"),
-                                         "image": of.get("image"), "model_revision": of.get("model_revision")})
+        me.ok(verdict_command(cfg, passed, of))
 
     ok, why, now = serves(host, cfg, head, model, me.run, progress, me.sudo, worker_failed if head else None,
                           renew if head else None, tick if head else None)
