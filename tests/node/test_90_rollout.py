@@ -22,7 +22,7 @@ from datetime import datetime
 import pytest
 
 from deploys.ops import staged_path
-from tests.node.conftest import INVENTORY, changed_operations, inventory_copy, on_node, pyinfra
+from tests.node.conftest import INVENTORY, changed_operations, failure_excerpt, inventory_copy, on_node, pyinfra
 
 pytestmark = pytest.mark.lifecycle
 
@@ -128,9 +128,10 @@ def test_a_rollout_stages_first_halts_on_a_failed_stage_resumes_canary_first_aft
         on_node("sandbox-b1", f"systemctl start {exporter}")
     assert loud.returncode == 1, loud.stdout[-4000:] + loud.stderr[-3000:]
     out = loud.stdout
-    assert "rollout: wave 0: switching gb10-dspark" in out and "switching rtx-pro-6000-pair" not in out, out[-3000:]
-    assert "staging" not in out, out[-3000:]  # the pair was staged before the kill
-    assert "halted: wave 0: alerts firing during the bake:" in out and "NodeExporterDown on sandbox-b1" in out, out[-3000:]
+    told = out[-2500:] + failure_excerpt(loud.stderr)  # (a switch that failed says why in pyinfra's words)
+    assert "rollout: wave 0: switching gb10-dspark" in out and "switching rtx-pro-6000-pair" not in out, told
+    assert "staging" not in out, told  # the pair was staged before the kill
+    assert "halted: wave 0: alerts firing during the bake:" in out and "NodeExporterDown on sandbox-b1" in out, told
     assert started("sandbox-a") == canary, "the resume restarted a cluster the killed rollout had switched"
     pair = {n: started(n) for n in ("sandbox-b0", "sandbox-b1")}
     # the exporter back, a resume without a bake finds the pair on its release: nothing restarts, the rollout ends
