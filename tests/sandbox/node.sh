@@ -43,6 +43,7 @@ deps() {
   local c missing=0 rc=0 own_policy=0
   for c in mmdebstrap systemd-nspawn ssh gpg apt-ftparchive dpkg-scanpackages docker-registry curl rsync; do
     command -v $c >/dev/null || missing=1; done
+  /usr/bin/python3 -c 'import libtorrent' 2>/dev/null || missing=1  # the swarm's engine (files/model_snapshot/swarm.py)
   if [ $missing = 1 ]; then
     apt-get update -qq
     # policy-rc.d: the registry package must not start its own (all-interfaces) daemon on this machine
@@ -51,7 +52,7 @@ deps() {
       printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; own_policy=1
     fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap systemd-container openssh-client gpg \
-      apt-utils dpkg-dev docker-registry curl rsync >/dev/null || rc=$?
+      apt-utils dpkg-dev docker-registry curl rsync python3-libtorrent >/dev/null || rc=$?
     [ $own_policy = 1 ] && rm -f /usr/sbin/policy-rc.d
   fi
   registry_package_off
