@@ -43,7 +43,9 @@ test-fast: venv sandbox-deps
 	$(BIN)/python -m pytest tests/node -m $(SUBJECT) --durations=0 --junitxml=$(RESULTS)/node-$(SUBJECT).xml
 	$(BIN)/python bench/test_times.py
 
+# python3-libtorrent: the swarm's engine, which tests/unit/test_swarm.py runs on loopback (as a node runs it)
 unit: venv
+	@/usr/bin/python3 -c 'import libtorrent' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-libtorrent >/dev/null; }
 	$(NODE_SH) promtool >/dev/null
 	$(NODE_SH) nginx >/dev/null
 	$(NODE_SH) amtool >/dev/null
