@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from datetime import datetime
 
 import pytest
@@ -43,18 +44,30 @@ def rollout(inventory: str, state: str, *args: str) -> subprocess.CompletedProce
                           timeout=2400, env={**os.environ, "XDG_STATE_HOME": state})
 
 
-def killed_mid_wave(inventory: str, state: str, node: str, invocation: str) -> str:
-    """Run `--resume` and SIGKILL its process group once ``node``'s service runs another invocation than
-    ``invocation`` (its wave has begun restarting it); what it printed until then."""
+def killed_mid_wave(inventory: str, state: str, node: str, wave_line: str) -> str:
+    """Run `--resume` and SIGKILL its process group once it printed ``wave_line`` and ``node``'s service then runs
+    another invocation (its wave has begun restarting it); what it printed until then. A restart of ``node`` before
+    its wave began is the rollout's doing or not: either way it is told, with the unit's journal, as a warning."""
     proc = subprocess.Popen([sys.executable, "-m", "deploys.rollout", inventory, "--resume"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, "XDG_STATE_HOME": state})
     printed = []
     reader = threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True)
     reader.start()
+    invocation = lambda: on_node(node, f"systemctl show -P InvocationID {UNITS[node]}").stdout.strip()  # noqa: E731
+    first, at_wave = invocation(), None
     deadline = time.monotonic() + 1200
     while time.monotonic() < deadline and proc.poll() is None:
-        if on_node(node, f"systemctl show -P InvocationID {UNITS[node]}").stdout.strip() not in (invocation, ""):
+        now = invocation()
+        if at_wave is None and any(wave_line in line for line in printed):
+            at_wave = now
+            if at_wave != first:  # systemd's own lines about the pair's units say what stopped it, and when
+                said = {n: on_node(n, f"journalctl -u {UNITS[n]} _PID=1 -n 12 --no-pager -o short-iso").stdout
+                        for n in ("sandbox-b0", "sandbox-b1")}
+                warnings.warn(f"{node}'s {UNITS[node]} restarted before its wave began ({first} -> {at_wave}); "
+                              f"the rollout printed:\n{''.join(printed)[-4000:]}\n"
+                              + "".join(f"systemd on {n}:\n{text}\n" for n, text in said.items()))
+        if at_wave is not None and now not in (at_wave, ""):
             break
         time.sleep(2)
     assert proc.poll() is None, "the rollout ended before its wave restarted " + node + ":\n" + "".join(printed)[-3000:]
@@ -62,6 +75,12 @@ def killed_mid_wave(inventory: str, state: str, node: str, invocation: str) -> s
     proc.wait(timeout=60)
     reader.join(timeout=60)
     return "".join(printed)
+
+
+def in_order(text: str, *lines: str) -> bool:
+    """Every one of ``lines`` in ``text``, in this order."""
+    at = [text.find(line) for line in lines]
+    return -1 not in at and at == sorted(at)
 
 
 def stop_when_switched(state: str, ledger_file: str, cluster: str, node: str, unit: str) -> None:
@@ -105,9 +124,9 @@ def test_a_rollout_stages_first_halts_on_a_failed_stage_resumes_canary_first_aft
                            (b_args, b_args + ' "--seed", "0",'))
     os.replace(fixed, broken)  # (the same inventory file: the ledger is the inventory's)
     # ... and is killed (the control node's process group, pyinfra with it) once the pair's worker restarted in its wave
-    killed = killed_mid_wave(broken, state, "sandbox-b1", before["sandbox-b1"][0])
-    assert killed.index("rollout: staging gb10-dspark") < killed.index("rollout: wave 0: switching rtx-pro-6000-pair") \
-        < killed.index("rollout: wave 1: switching gb10-dspark"), killed[-3000:]
+    killed = killed_mid_wave(broken, state, "sandbox-b1", "rollout: wave 1: switching gb10-dspark")
+    assert in_order(killed, "rollout: staging gb10-dspark", "rollout: wave 0: switching rtx-pro-6000-pair",
+                    "rollout: wave 1: switching gb10-dspark"), killed[-3000:]
     canary = started("sandbox-a")
     assert canary[0] != before["sandbox-a"][0]
     with open(os.path.join(state, "inference-nodes", "rollouts", ledger_file)) as f:
