@@ -315,8 +315,8 @@ def main() -> int:
                     row = (run_size(count, args, work, manifest, size) if engine == "waves"
                            else swarm_size(count, args, work, manifest, seed_dir, None, engine == "swarm-super"))
                     rows.setdefault(engine, []).append(row)
-                    print(f"[fleet bench] {engine}, {count} node(s): {row['seconds']:.1f} s", file=sys.stderr,
-                          flush=True)
+                    print(f"[fleet bench] {engine}, {count} node(s): {row['seconds']:.1f} s {json.dumps(row)}",
+                          file=sys.stderr, flush=True)
             drills = {d: swarm_size(args.drill_nodes, args, work, manifest, seed_dir, d)
                       for d in filter(None, args.drills.split(","))}
             print(tables(rows, args, size))

@@ -202,7 +202,6 @@ def ssh_command(address: str) -> list[str]:
     return ["ssh", "-i", KEY, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
             # throwaway light node (the rootfs's host keys, shared): never these two for a real host
             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            "-o", "ControlMaster=auto", "-o", f"ControlPath={RUN_DIR}/cm-%h", "-o", "ControlPersist=120",
             f"root@{address}"]
 
 
@@ -278,7 +277,6 @@ def start(name: str) -> None:
 
 def down(nodes_only: bool = False) -> None:
     """Every node stopped and its disk gone; with ``nodes_only`` the switch and the control node stay."""
-    sh("pkill", "-f", f"ControlPath={RUN_DIR}/cm-", check=False)  # the ssh masters of ssh()
     for name in names():
         stop(name)
         d = node_dirs(name)
