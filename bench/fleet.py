@@ -70,6 +70,20 @@ def cpu_ticks() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+def one_node(runs: list[dict]) -> dict:
+    """An engine's one-node row (its first row where none has one node): what "× one node" divides by."""
+    return next((r for r in runs if r["nodes"] == 1), runs[0])
+
+
+def figures(names: list[str], before: dict, after: dict, busy0: tuple[int, int], busy1: tuple[int, int]) -> dict:
+    """The control node's and the nodes' traffic between two readings of the switch's counters, and how busy this
+    machine's CPUs were in between."""
+    moved = {n: {k: after[n][k] - before.get(n, {}).get(k, 0) for k in ("rx", "tx")} for n in after}
+    return {"control_out": moved[fleet.CTL]["rx"], "node_in_max": max(moved[n]["tx"] for n in names),
+            "node_out_max": max(moved[n]["rx"] for n in names),
+            "cpu_busy": (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1])}
+
+
 def hub_started(work: str, shards: int, shard_mb: float) -> tuple[subprocess.Popen, str, int]:
     """The stand-in hub in the control node's namespace, its manifest for COMMIT, and the snapshot's size."""
     log = open(os.path.join(work, "hub.log"), "w")
@@ -101,7 +115,7 @@ def tenth(rate: str) -> str:
     return f"{int(float(number) * scale / 10 / 1000)}kbit"
 
 
-def swarm_size(count: int, args, work: str, manifest: str, seed_dir: str, drill: str | None = None,
+def swarm_size(count: int, args, work: str, manifest: str, size: int, seed_dir: str, drill: str | None = None,
                super_seed: bool = False) -> dict:
     """The swarm (files/model_snapshot/swarm.py, libtorrent) from the control node's copy to ``count`` nodes: the
     control node seeds, every node joins with every other as a peer; each node's time until its verifier (in full,
@@ -171,8 +185,6 @@ def swarm_size(count: int, args, work: str, manifest: str, seed_dir: str, drill:
             list(pool.map(started, names))
             waits = {n: pool.submit(verified, n, t0) for n in names if n not in (victim, laggard)}
             if victim:
-                with open(manifest) as f:
-                    size = sum(e["size"] for e in json.load(f)["files"])
                 st = reached(victim, lambda st: st.get("done", 0) >= 0.4 * size)
                 fleet.stop(victim)
                 extra["killed_at"] = st["done"]
@@ -190,10 +202,7 @@ def swarm_size(count: int, args, work: str, manifest: str, seed_dir: str, drill:
         finally:
             seeder.terminate()
             list(pool.map(lambda n: fleet.ssh(n, f"systemctl stop {SWARM_UNIT}"), names))
-    moved = {n: {k: after[n][k] - before.get(n, {}).get(k, 0) for k in ("rx", "tx")} for n in after}
-    return {"nodes": count, "waves": "-", "seconds": seconds, "control_out": moved[fleet.CTL]["rx"],
-            "node_in_max": max(moved[n]["tx"] for n in names), "node_out_max": max(moved[n]["rx"] for n in names),
-            "cpu_busy": (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), **extra}
+    return {"nodes": count, "waves": "-", "seconds": seconds, **figures(names, before, after, busy0, busy1), **extra}
 
 
 def run_size(count: int, args, work: str, manifest: str, size: int) -> dict:
@@ -209,7 +218,6 @@ def run_size(count: int, args, work: str, manifest: str, size: int) -> dict:
     checked(in_ctl(sys.executable, "-m", "pyinfra", "-y", inventory, MODEL_STEP), f"the model step on {count} node(s)")
     seconds = time.monotonic() - t0
     busy1, after = cpu_ticks(), fleet.counters()
-    moved = {n: {k: after[n][k] - before.get(n, {}).get(k, 0) for k in ("rx", "tx")} for n in after}
     names = [fleet.node_name(i) for i in range(count)]
     for name in names:
         checked(fleet.ssh(name, f"python3 {VERIFIER} {MANIFEST} /srv/model --full", timeout=600),
@@ -227,9 +235,8 @@ def run_size(count: int, args, work: str, manifest: str, size: int) -> dict:
                    "-k", "not start_gate", "--inventory", inventory), f"the model audit of {count} node(s)")
     audit_s = time.monotonic() - t2
     waves = 1 + max(a.wave for a in fanout_waves(names, args.fanout).values())
-    return {"nodes": count, "waves": waves, "seconds": seconds, "control_out": moved[fleet.CTL]["rx"],
-            "node_in_max": max(moved[n]["tx"] for n in names), "node_out_max": max(moved[n]["rx"] for n in names),
-            "cpu_busy": (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), "noop_s": noop_s,
+    return {"nodes": count, "waves": waves, "seconds": seconds, **figures(names, before, after, busy0, busy1),
+            "noop_s": noop_s,
             "noop_changed": changed, "commands_per_host": max(commands), "audit_s": audit_s}
 
 
@@ -243,7 +250,7 @@ def tables(rows: dict[str, list[dict]], args, size: int) -> str:
            "| node in (max) | node out (max) | CPU busy |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for engine, runs in rows.items():
-        one = next((r for r in runs if r["nodes"] == 1), runs[0])
+        one = one_node(runs)
         for r in runs:
             out.append(f"| {engine} | {r['nodes']} | {r['waves']} | {r['seconds']:.1f} s "
                        f"| {r['seconds'] / one['seconds']:.2f} | {r['control_out'] / 2**20:.0f} MiB "
@@ -251,12 +258,12 @@ def tables(rows: dict[str, list[dict]], args, size: int) -> str:
                        f"| {r['node_out_max'] / 2**20:.0f} MiB | {100 * r['cpu_busy']:.0f} % |")
     summary = []
     for engine, runs in rows.items():
-        one, last = next((r for r in runs if r["nodes"] == 1), runs[0]), runs[-1]
+        one, last = one_node(runs), runs[-1]
         summary.append(f"{engine}_{last['nodes']}_x_one={last['seconds'] / one['seconds']:.2f} "
                        f"{engine}_control_out_{last['nodes']}_x_snapshot={last['control_out'] / size:.2f}")
     waves = rows.get("waves", [])
     if waves:
-        one = next((r for r in waves if r["nodes"] == 1), waves[0])
+        one = one_node(waves)
         out += ["", "control plane (the model step's no-op run and the model audit, from the control node's "
                     "namespace)", "",
                 "| nodes | no-op run | × one node | changes | commands per host | audit |", "|---|---|---|---|---|---|"]
@@ -313,11 +320,12 @@ def main() -> int:
             for engine in engines:
                 for count in sizes:
                     row = (run_size(count, args, work, manifest, size) if engine == "waves"
-                           else swarm_size(count, args, work, manifest, seed_dir, None, engine == "swarm-super"))
+                           else swarm_size(count, args, work, manifest, size, seed_dir, None,
+                                         engine == "swarm-super"))
                     rows.setdefault(engine, []).append(row)
                     print(f"[fleet bench] {engine}, {count} node(s): {row['seconds']:.1f} s {json.dumps(row)}",
                           file=sys.stderr, flush=True)
-            drills = {d: swarm_size(args.drill_nodes, args, work, manifest, seed_dir, d)
+            drills = {d: swarm_size(args.drill_nodes, args, work, manifest, size, seed_dir, d)
                       for d in filter(None, args.drills.split(","))}
             print(tables(rows, args, size))
             if drills:
