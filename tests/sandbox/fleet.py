@@ -248,10 +248,20 @@ def names() -> list[str]:
     return sorted(os.listdir(d)) if os.path.isdir(d) else []
 
 
+def inotify_room(instances: int = 1024) -> None:
+    """Every node's systemd holds inotify instances (about five once booted, more while it boots), all of uid 0:
+    the kernel's default of 128 per user let about 25 nodes boot, then a node's nspawn exited 255 at its start."""
+    path = "/proc/sys/fs/inotify/max_user_instances"
+    if int(open(path).read()) < instances:
+        with open(path, "w") as f:
+            f.write(str(instances))
+
+
 def control_node(rate: str) -> None:
     """The switch and the control node's namespace on it (kept when they are there already: what runs in the
     control node's namespace, a stand-in hub, outlives the nodes)."""
     ssh_key()
+    inotify_room()
     switch()
     if not os.path.ismount(ns_path(CTL)):
         plug(CTL, CTL_ADDRESS, rate)
