@@ -1,26 +1,27 @@
 #!/usr/bin/env python3
 """Fleet distribution benchmark (issue 44): the time until every node holds a verified snapshot, the control node's
 traffic and each node's bytes in and out, on 1 to 32 light sandbox nodes (tests/sandbox/fleet.py) whose links are
-capped with tc, for the `push` mode's fan-out (rsync in waves, deploys/model/fanout.py) and for a private swarm
-(files/model_snapshot/swarm.py on libtorrent, the control node seeding; `swarm-super`: seeding as BitTorrent's
-initial seeder); then swarm drills (one link ten times slower; one node killed at 40 % and booted again) and the
-control plane at that size: a no-op run of the model step (per-host command count) and the model audit (less the
-start gate, which the service step installs). Prints tables; not a test.
+capped with tc, for the `push` mode's fan-out (rsync in waves, deploys/model/fanout.py), the `swarm` mode (the model
+step in that mode: `swarm-mode`, the first node seeding; `swarm-mode-super`, the control node super seeding) and the
+swarm's helper alone (files/model_snapshot/swarm.py on libtorrent, the control node seeding; `swarm-super`: seeding
+as BitTorrent's initial seeder); then swarm drills (one link ten times slower; one node killed at 40 % and booted
+again) and the control plane at that size: a no-op run of the model step (per-host command count) and the model
+audit (less the start gate, which the service step installs). Prints tables; not a test.
 
-    python bench/fleet.py [--sizes 1,4,8,16,32] [--engines waves,swarm,swarm-super] [--rate 32mbit]
-                          [--shards 8] [--shard-mb 64] [--fanout 2] [--piece-mib 4] [--drills slow,kill]
+    python bench/fleet.py [--sizes 1,4,8,16,32] [--engines waves,swarm-mode,swarm-mode-super,swarm,swarm-super]
+                          [--rate 32mbit] [--shards 8] [--shard-mb 32] [--fanout 2] [--piece-mib 4] [--drills slow,kill]
                           [--drill-nodes 8]
 
-Each size boots its own nodes (their disks empty). The waves run `pyinfra -y INV bench/fleet_deploy.py` (the
-model's part of deploys/all.py) from the control node's namespace, the swarm runs the helper on every node as a
-transient unit and the seed in the control node's namespace; both end with the verifier (`--full`) on every node.
-The control copy is fetched from the stand-in hub once, before any timing (the hub is not on a capped link).
-"× one node" is the time over that of the same engine's one-node row: one single-node copy at the same link rate,
-with the same overhead. Traffic is counted on the switch's ports (Ethernet frames: TCP/IP headers included).
-"CPU busy" is this machine's: near 100 % the machine, not the links, set the pace.
-Needs root, what `make test` installs and python3-libtorrent. Ends with one line for automated checks:
+Each size boots its own nodes (their disks empty). The waves and swarm-mode run `pyinfra -y INV
+bench/fleet_deploy.py` (the model's part of deploys/all.py) from the control node's namespace, the swarm runs the
+helper on every node as a transient unit and the seed in the control node's namespace; both end with the verifier
+(`--full`) on every node. The control copy is fetched from the stand-in hub once, before any timing (the hub is not
+on a capped link). "× one node" is the time over that of the same engine's one-node row: one single-node copy at the
+same link rate, with the same overhead. Traffic is counted on the switch's ports (Ethernet frames: TCP/IP headers
+included). "CPU busy" is this machine's: near 100 % the machine, not the links, set the pace. Needs root, what `make
+test` installs and python3-libtorrent. Ends with one line for automated checks:
 
-    fleet: waves_32_x_one=X.XX waves_control_out_32_x_snapshot=Y.YY swarm_32_x_one=... noop_32_x_one=Z.ZZ
+    fleet: waves_32_x_one=X.XX waves_control_out_32_x_snapshot=Y.YY swarm-mode_32_x_one=... noop_32_x_one=Z.ZZ
 """
 
 from __future__ import annotations
@@ -43,9 +44,7 @@ from deploys.model.fanout import fanout_waves  # noqa: E402
 from deploys.model.snapshot import MANIFEST, VERIFIER, VERIFIER_FILES  # noqa: E402
 from tests.sandbox import fleet  # noqa: E402
 
-HUB_PORT = 8812
-REPO = "deepseek-ai/DeepSeek-V4-Flash-0731"
-COMMIT = "7872f01b1d1fe23eabc4c98b48bffcef5a386062"
+HUB_PORT, REPO, COMMIT = fleet.HUB_PORT, fleet.REPO, fleet.COMMIT
 COUNTED = os.path.join(ROOT, "bench/pyinfra_counted.py")
 MODEL_STEP = "bench/fleet_deploy.py"
 SWARM = os.path.join(ROOT, "files/model_snapshot/swarm.py")
@@ -82,25 +81,6 @@ def figures(names: list[str], before: dict, after: dict, busy0: tuple[int, int],
     return {"control_out": moved[fleet.CTL]["rx"], "node_in_max": max(moved[n]["tx"] for n in names),
             "node_out_max": max(moved[n]["rx"] for n in names),
             "cpu_busy": (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1])}
-
-
-def hub_started(work: str, shards: int, shard_mb: float) -> tuple[subprocess.Popen, str, int]:
-    """The stand-in hub in the control node's namespace, its manifest for COMMIT, and the snapshot's size."""
-    log = open(os.path.join(work, "hub.log"), "w")
-    hub = subprocess.Popen(fleet.in_ns(fleet.CTL, sys.executable, "-m", "tests.sandbox.standin_hub", "--port",
-                                       str(HUB_PORT), "--shards", str(shards), "--shard-mb", str(shard_mb)),
-                           cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    manifest = os.path.join(work, "manifest.json")
-    for _ in range(600):
-        proc = in_ctl(sys.executable, "-m", "deploys.model.manifest", REPO, COMMIT, "--endpoint",
-                      f"http://127.0.0.1:{HUB_PORT}", "--out", manifest)
-        if proc.returncode == 0:
-            break
-        time.sleep(0.5)
-    checked(proc, "the manifest from the stand-in hub")
-    with open(manifest) as f:
-        size = sum(e["size"] for e in json.load(f)["files"])
-    return hub, manifest, size
 
 
 SWARM_PORT = 6881
@@ -205,14 +185,24 @@ def swarm_size(count: int, args, work: str, manifest: str, size: int, seed_dir: 
     return {"nodes": count, "waves": "-", "seconds": seconds, **figures(names, before, after, busy0, busy1), **extra}
 
 
-def run_size(count: int, args, work: str, manifest: str, size: int) -> dict:
+# the `swarm` mode's seeds: its first node (the default), or the control node offering each node only pieces no one
+# holds yet
+MODE_SEEDS = {"swarm-mode": {}, "swarm-mode-super": {"model_swarm_seed": "control", "model_swarm_super_seed": True,
+                                                     "model_swarm_control_address": fleet.CTL_ADDRESS}}
+
+
+def run_size(count: int, args, work: str, manifest: str, size: int, mode: str = "push",
+             extra: dict | None = None) -> dict:
+    """The model step itself (`pyinfra -y INV bench/fleet_deploy.py`) on ``count`` fresh nodes in ``mode``: `push`
+    (the waves) or `swarm` (the sync mode: the first node seeds), then its no-op run and the model audit."""
     fleet.down(nodes_only=True)
     fleet.up(count, args.rate, None, {})
-    inventory = os.path.join(work, f"fleet-{count}.py")
+    inventory = os.path.join(work, f"fleet-{mode}-{count}.py")
     fleet.write_inventory(inventory, count, {
         "model_repo": REPO, "model_revision": COMMIT, "model_manifest": manifest,
         "model_hub_endpoint": f"http://127.0.0.1:{HUB_PORT}", "model_push_fanout": args.fanout,
-        "model_control_cache": os.path.join(work, "control-cache")})
+        "model_control_cache": os.path.join(work, "control-cache"), "model_sync_mode": mode,
+        "model_swarm_piece_mib": args.piece_mib, **(extra or {})})
     before, busy0 = fleet.counters(), cpu_ticks()
     t0 = time.monotonic()
     checked(in_ctl(sys.executable, "-m", "pyinfra", "-y", inventory, MODEL_STEP), f"the model step on {count} node(s)")
@@ -222,7 +212,7 @@ def run_size(count: int, args, work: str, manifest: str, size: int) -> dict:
     for name in names:
         checked(fleet.ssh(name, f"python3 {VERIFIER} {MANIFEST} /srv/model --full", timeout=600),
                 f"the verifier on {name}")
-    counts = os.path.join(work, f"counts-{count}.json")
+    counts = os.path.join(work, f"counts-{mode}-{count}.json")
     t1 = time.monotonic()
     noop = checked(in_ctl(sys.executable, COUNTED, counts, "-y", "--json", inventory, MODEL_STEP),
                    f"the no-op model step on {count} node(s)")
@@ -234,7 +224,7 @@ def run_size(count: int, args, work: str, manifest: str, size: int) -> dict:
     checked(in_ctl(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/audit/test_model_snapshot.py",
                    "-k", "not start_gate", "--inventory", inventory), f"the model audit of {count} node(s)")
     audit_s = time.monotonic() - t2
-    waves = 1 + max(a.wave for a in fanout_waves(names, args.fanout).values())
+    waves = 1 + max(a.wave for a in fanout_waves(names, args.fanout).values()) if mode == "push" else "-"
     return {"nodes": count, "waves": waves, "seconds": seconds, **figures(names, before, after, busy0, busy1),
             "noop_s": noop_s,
             "noop_changed": changed, "commands_per_host": max(commands), "audit_s": audit_s}
@@ -261,16 +251,20 @@ def tables(rows: dict[str, list[dict]], args, size: int) -> str:
         one, last = one_node(runs), runs[-1]
         summary.append(f"{engine}_{last['nodes']}_x_one={last['seconds'] / one['seconds']:.2f} "
                        f"{engine}_control_out_{last['nodes']}_x_snapshot={last['control_out'] / size:.2f}")
-    waves = rows.get("waves", [])
-    if waves:
-        one = one_node(waves)
+    steps = {e: rows[e] for e in ("waves", *MODE_SEEDS) if e in rows}  # the model step's own runs
+    if steps:
         out += ["", "control plane (the model step's no-op run and the model audit, from the control node's "
                     "namespace)", "",
-                "| nodes | no-op run | × one node | changes | commands per host | audit |", "|---|---|---|---|---|---|"]
-        for r in waves:
-            out.append(f"| {r['nodes']} | {r['noop_s']:.1f} s | {r['noop_s'] / one['noop_s']:.2f} "
-                       f"| {len(r['noop_changed'])} | {r['commands_per_host']} | {r['audit_s']:.1f} s |")
-        summary.append(f"noop_{waves[-1]['nodes']}_x_one={waves[-1]['noop_s'] / one['noop_s']:.2f}")
+                "| mode | nodes | no-op run | × one node | changes | commands per host | audit |",
+                "|---|---|---|---|---|---|---|"]
+        for engine, runs in steps.items():
+            one = one_node(runs)
+            for r in runs:
+                out.append(f"| {'push' if engine == 'waves' else engine} | {r['nodes']} | {r['noop_s']:.1f} s "
+                           f"| {r['noop_s'] / one['noop_s']:.2f} | {len(r['noop_changed'])} "
+                           f"| {r['commands_per_host']} | {r['audit_s']:.1f} s |")
+            summary.append(f"noop_{'' if engine == 'waves' else engine + '_'}{runs[-1]['nodes']}_x_one="
+                           f"{runs[-1]['noop_s'] / one['noop_s']:.2f}")
     return "\n".join(out + ["", "fleet: " + " ".join(summary)])
 
 
@@ -294,11 +288,13 @@ def drill_table(drills: dict[str, dict], swarm_rows: list[dict], args, size: int
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1,4,8,16,32")
-    ap.add_argument("--engines", default="waves,swarm,swarm-super",
-                    help="waves (the push mode's fan-out), swarm, swarm-super (the seed super seeding)")
+    ap.add_argument("--engines", default="waves,swarm-mode,swarm-mode-super,swarm,swarm-super",
+                    help="waves (the push mode's fan-out), swarm-mode (the model step in `swarm` mode, the first node "
+                         "seeding), swarm-mode-super (the control node super seeding), swarm (the helper alone, the "
+                         "control node seeding), swarm-super (the helper alone, the seed super seeding)")
     ap.add_argument("--rate", default="32mbit")
     ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--shard-mb", type=float, default=64)
+    ap.add_argument("--shard-mb", type=float, default=32)
     ap.add_argument("--fanout", type=int, default=2)
     ap.add_argument("--piece-mib", type=int, default=4)
     ap.add_argument("--drills", default="slow,kill", help="swarm drills after the curve ('' for none)")
@@ -309,7 +305,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="fleet-bench-", dir="/var/tmp") as work:
         fleet.down()
         fleet.control_node(args.rate)  # its namespace first: the hub runs there, and outlives each size's nodes
-        hub, manifest, size = hub_started(work, args.shards, args.shard_mb)
+        hub, manifest, size = fleet.hub_started(work, args.shards, args.shard_mb)
         try:
             control = checked(in_ctl(sys.executable, "-m", "deploys.model.fetch", REPO, COMMIT, manifest,
                                      os.path.join(work, "control-cache"), f"http://127.0.0.1:{HUB_PORT}"),
@@ -320,6 +316,8 @@ def main() -> int:
             for engine in engines:
                 for count in sizes:
                     row = (run_size(count, args, work, manifest, size) if engine == "waves"
+                           else run_size(count, args, work, manifest, size, "swarm", MODE_SEEDS[engine])
+                           if engine in MODE_SEEDS
                            else swarm_size(count, args, work, manifest, size, seed_dir, None,
                                          engine == "swarm-super"))
                     rows.setdefault(engine, []).append(row)

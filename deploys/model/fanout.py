@@ -76,16 +76,34 @@ def fanout_waves(members: list[str], per_source: int) -> dict[str, Assignment]:
     return plan
 
 
-def fanout_plan(hosts: list[tuple[str, NodeConfig]]) -> dict[str, Assignment]:
-    """Assignments of the `push`-mode hosts, in inventory order, grouped by the files they want where."""
+def swarm_waves(members: list[str], seed: str) -> dict[str, Assignment]:
+    """The `swarm` mode's two steps: with ``seed`` `first` the control node feeds the group's first node (wave 1),
+    which seeds the others' swarm (wave 2); with `control` every node joins the control node's swarm in wave 1."""
+    if seed == "control":
+        return {name: Assignment(0, None) for name in members}
+    return {members[0]: Assignment(0, None), **{name: Assignment(1, members[0]) for name in members[1:]}}
+
+
+def group_key(cfg: NodeConfig) -> tuple:
+    """What the hosts of one distribution group share: the mode, the files they want where, and how they are fed."""
+    how = cfg.model_push_fanout if cfg.model_sync_mode == "push" else cfg.model_swarm_seed
+    return (cfg.model_sync_mode, cfg.model_repo, cfg.model_revision, cfg.model_layout, cfg.snapshot_dir, how)
+
+
+def distribution_groups(hosts: list[tuple[str, NodeConfig]]) -> dict[tuple, list[str]]:
+    """The `push` and `swarm` hosts with a manifest, in inventory order, by ``group_key``."""
     groups: dict[tuple, list[str]] = {}
     for name, cfg in hosts:
-        if cfg.model_sync_mode == "push" and cfg.model_manifest is not None:
-            key = (cfg.model_repo, cfg.model_revision, cfg.model_layout, cfg.snapshot_dir, cfg.model_push_fanout)
-            groups.setdefault(key, []).append(name)
+        if cfg.model_sync_mode in ("push", "swarm") and cfg.model_manifest is not None:
+            groups.setdefault(group_key(cfg), []).append(name)
+    return groups
+
+
+def fanout_plan(hosts: list[tuple[str, NodeConfig]]) -> dict[str, Assignment]:
+    """Assignments of the `push`- and `swarm`-mode hosts, in inventory order, grouped by the files they want where."""
     plan: dict[str, Assignment] = {}
-    for key, members in groups.items():
-        plan.update(fanout_waves(members, key[-1]))
+    for key, members in distribution_groups(hosts).items():
+        plan.update(fanout_waves(members, key[-1]) if key[0] == "push" else swarm_waves(members, key[-1]))
     return plan
 
 
@@ -97,6 +115,7 @@ class _Run:
 
     waves: int
     plan: dict[str, Assignment]
+    groups: dict[str, list[str]] = field(default_factory=dict)  # each host's group, in inventory order
     verdicts: dict[str, dict] = field(default_factory=dict)  # the verifier's, per host, from the first wave
     serving: set[str] = field(default_factory=set)
     secrets: dict[str, str] = field(default_factory=dict)
@@ -114,7 +133,8 @@ def _run(state=None) -> _Run:
         running = [(h.name, configs[h.name]) for h in state.inventory
                    if h.name in configs and h in state.activated_hosts and state.is_host_in_limit(h)]
         plan = fanout_plan(running)
-        return _Run(1 + max((a.wave for a in plan.values()), default=0), plan)
+        groups = {name: members for members in distribution_groups(running).values() for name in members}
+        return _Run(1 + max((a.wave for a in plan.values()), default=0), plan, groups)
 
     return kept(state, "model fan-out", planned)
 
@@ -123,6 +143,18 @@ def run_plan() -> tuple[int, dict[str, Assignment]]:
     """(number of waves, assignment of every push-mode host) for the hosts connected in this run."""
     run = _run()
     return run.waves, run.plan
+
+
+def group_of(name: str, state=None) -> list[str]:
+    """The hosts of ``name``'s distribution group in this run, in inventory order."""
+    return _run(state).groups.get(name, [name])
+
+
+def needy_targets(source: str, wave: int, state=None) -> list[str]:
+    """The hosts ``source`` feeds in ``wave`` whose first verdict found files missing or bad."""
+    run = _run(state)
+    return [t for t, a in run.plan.items() if a.wave == wave and a.source == source
+            and t in run.verdicts and not run.verdicts[t].get("ok")]
 
 
 def record_verdict(name: str, verdict: dict) -> None:
@@ -188,7 +220,7 @@ def peers_served(wave: int, targets: list[str], root: str):
     + root: the directory served (the repo's cache folder, or the plain directory)
     """
     run = _run()
-    needy = [t for t in targets if t in run.verdicts and not run.verdicts[t].get("ok")]
+    needy = needy_targets(host.name, wave) if node_config().model_sync_mode == "push" else []  # a swarm seeds itself
     if not needy:
         host.noop(f"no node of wave {wave + 1} needs files from {host.name}")
         return

@@ -20,7 +20,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy
 from pyinfra.facts.files import Directory, File, FileContents
 
-from deploys.model import fanout as model_fanout, hub as model_hub, push as model_push
+from deploys.model import fanout as model_fanout, hub as model_hub, push as model_push, swarm as model_swarm
 from deploys.apt_state import APT_READS, apt_lists_updated
 from deploys.run.held import release_held
 from deploys.run.reads import expect, operation, read
@@ -190,7 +190,7 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, state: ModelSta
                     assignment: model_fanout.Assignment | None = None, batch: tuple[str, ...] = ()):
     """Verify the node's snapshot; unless `present`, fetch exactly the missing/bad files, then verify in full.
 
-    + mode: push, hub or present
+    + mode: push, swarm, hub or present
     + snapshot_dir: the files of the pinned commit on the node
     + dest_dir: where fetched files land (free disk is checked there first)
     + state: its manifest, stamp and record (``model_state``: the live ones, or staged beside them)
@@ -250,9 +250,11 @@ def snapshot_synced(mode: str, snapshot_dir: str, dest_dir: str, state: ModelSta
         made = {dest_dir, snapshot_dir} | ({f"{dest_dir}/blobs"} if snapshot_dir != dest_dir else set())
         made |= {posixpath.join(snapshot_dir, posixpath.dirname(p)) for p in refetch if "/" in p}
         yield StringCommand("mkdir", "-p", *(QuoteString(d) for d in sorted(made)))
-    if refetch and mode == "push" and assignment.source:
+    if refetch and mode == "swarm" and (assignment.source or node_config().model_swarm_seed == "control"):
+        yield FunctionCommand(model_swarm.swarm_fetch, (assignment.source, refetch, snapshot_dir, state.manifest), {})
+    elif refetch and mode == "push" and assignment.source:
         yield FunctionCommand(model_fanout.pull_from_peer, (assignment.source, refetch, state.manifest), {})
-    elif refetch and mode == "push":
+    elif refetch and mode in ("push", "swarm"):  # the swarm's first node is fed as in `push` mode
         yield FunctionCommand(model_push.push_from_control, (refetch, dest_dir), {})
     elif refetch:
         cfg = node_config()
@@ -329,7 +331,7 @@ def model_files(cfg: NodeConfig) -> tuple[str, ...]:
     step's choice between the live place and a staged one (``model_state``, made while the run is planned) costs
     no command of its own."""
     return (*VERIFIER_PATHS, MANIFEST, staged_state(cfg.model_revision).manifest,
-            HUB_DOWNLOAD, model_fanout.PEER_PULL, owner_marker(cfg.model_dir))
+            HUB_DOWNLOAD, model_fanout.PEER_PULL, model_swarm.SWARM, owner_marker(cfg.model_dir))
 
 
 @operation()
@@ -364,7 +366,8 @@ def model_snapshot():
     batch = model_files(cfg)
     # not the verification itself: it may re-hash every file, and would run twice if a command ran in between
     expect([*APT_READS, (ManagedFiles, {"paths": batch}), (Directory, {"path": posixpath.dirname(STAMP)}),
-            (File, {"path": HUB_TOKEN}), (SeedDaemon, {"unit": model_fanout.SEED_UNIT, "secret_dir": model_fanout.SEED_DIR})])
+            (File, {"path": HUB_TOKEN}), (SeedDaemon, {"unit": model_fanout.SEED_UNIT, "secret_dir": model_fanout.SEED_DIR}),
+            *model_swarm.swarm_reads(cfg)])
     if cfg.model_layout == "plain":  # the fact preflight read: no round trip of its own
         held = read(host, NodeResources, **resources_args(cfg)).get("model_held_commit")
         cluster_model_changes_whole(name="Change a multi-node cluster's model commit only as a whole",
@@ -400,6 +403,10 @@ def model_snapshot():
         atomic_put(batch=batch, name="Install the peer pull helper (push fan-out)",
                   src=helper_path("model_snapshot/peer_pull.py"), dest=model_fanout.PEER_PULL,
                   user="root", group="root", mode="0755")
+    if cfg.model_sync_mode == "swarm":
+        packages_installed(name="Install the swarm's engine (python3-libtorrent)", packages=["python3-libtorrent"])
+        atomic_put(batch=batch, name="Install the model swarm helper", src=helper_path("model_snapshot/swarm.py"),
+                   dest=model_swarm.SWARM, user="root", group="root", mode="0755")
     if tree:
         tree_seeded(name="Link the live files the new commit keeps into its staged tree", state=state, tree=tree,
                     live=cfg.snapshot_dir)
@@ -413,6 +420,11 @@ def model_snapshot():
                 root=cfg.model_dir,
                 _ignore_errors=True,  # a node that cannot serve is no failure: its targets fall back to the control node
             )
+            model_swarm.swarm_seeded(
+                name=f"Seed the model swarm for the nodes of wave {wave + 1}",
+                wave=wave, directory=tree or cfg.snapshot_dir, manifest=state.manifest,
+                _ignore_errors=True,  # a seed that cannot start is no failure: its targets fall back to the control node
+            )
         snapshot_synced(
             name=f"Sync and verify the model snapshot{of}",
             mode=cfg.model_sync_mode,
@@ -424,3 +436,4 @@ def model_snapshot():
             batch=batch,
         )
     model_fanout.peers_stopped(name="Stop serving the model to peers (seed daemon, run secret)")
+    model_swarm.swarm_stopped(name="Stop the model swarm once every node verified its copy")

@@ -17,7 +17,7 @@ from typing import Any
 
 import ipaddress
 
-from deploys.schema.listeners import HOST_OWN, listener_problems
+from deploys.schema.listeners import HOST_OWN, listener_problems, swarm_problems
 from deploys.schema.monitoring import MONITORING_GROUP, MonitoringHostConfig, file_word
 from deploys.schema.node import NodeConfig
 from deploys.schema.parse import parse_monitoring_host, parse_node
@@ -214,7 +214,7 @@ def validate_hosts(hosts: dict[str, dict[str, Any]], deployed: set[str] | None =
     everyone = {**hosts, **(others or {})}
     problems += connection_problems(everyone) + machine_problems(everyone)
     if not problems:
-        problems = cluster_problems(configs) + listener_problems(
+        problems = cluster_problems(configs) + swarm_problems(configs, hosts) + listener_problems(
             configs, hosts, {name: ssh_port(data) for name, data in hosts.items()}, watcher)
     problems += _needed_outside_the_limit(outside, configs, deployed, watcher)
     if problems:

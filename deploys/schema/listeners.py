@@ -13,7 +13,7 @@ What is in the table, per host (pyinfra's ssh_port is the port sshd listens on, 
   rendezvous of a multi-node head (every address, ``vllm_master_port``), the endpoint (heads with it on), node
   exporter (loopback and ``node_exporter_address``, with ``monitoring_enabled``), Prometheus and Alertmanager
   (loopback, on the host of the group `monitoring`), and the push fan-out's rsync daemon (its peer address, every
-  address when that is a host name).
+  address when that is a host name), and the model swarm (its peer address).
 """
 
 from __future__ import annotations
@@ -83,7 +83,33 @@ def host_listeners(name: str, cfg: NodeConfig, data: dict, cluster_size: int, ss
         peer = cfg.model_peer_address or data.get("ssh_hostname") or name
         out.append(listener("model_peer_port", peer if _is_ip(str(peer)) else EVERY_ADDRESS, cfg.model_peer_port,
                             "the fan-out's rsync daemon"))
+    if cfg.model_sync_mode == "swarm" and swarm_address(name, cfg, data)[1] is None:
+        out.append(listener("model_swarm_port", swarm_address(name, cfg, data)[0], cfg.model_swarm_port,
+                            "the model swarm"))
     return out
+
+
+def swarm_address(name: str, cfg: NodeConfig, data: dict) -> tuple[str, str | None]:
+    """The address a node's model swarm binds to (its peer address: ``model_peer_address``, else the SSH host), and
+    why it cannot (None: it can). The swarm listens on one address, so it must be an IP address of the node."""
+    peer = str(cfg.model_peer_address or data.get("ssh_hostname") or name)
+    if not _is_ip(peer):
+        return peer, ("an IP address of this node for the model swarm to bind to (the SSH host is a name: set "
+                      "model_peer_address)")
+    if ipaddress.ip_address(peer).is_unspecified or ipaddress.ip_address(peer).is_multicast:
+        return peer, "one IP address of this node for the model swarm to bind to, not a wildcard"
+    return peer, None
+
+
+def swarm_problems(configs: dict[str, NodeConfig], hosts: dict[str, dict]) -> list[Problem]:
+    """Nodes of the `swarm` mode whose swarm could not bind to one address of theirs."""
+    problems = []
+    for name, cfg in configs.items():
+        if cfg.model_sync_mode == "swarm":
+            address, why = swarm_address(name, cfg, hosts.get(name, {}))
+            if why:
+                problems.append(Problem(name, "model_peer_address", address, why))
+    return problems
 
 
 # the key naming the address of each listener's port key
@@ -91,7 +117,7 @@ _ADDRESS_KEY = {"ssh_port": "ssh_hostname", "api_port": "api_bind_address", "eng
                 "vllm_master_port": "fabric_address",
                 "endpoint_port": "endpoint_address", "node_exporter_port": "node_exporter_address",
                 "prometheus_port": "prometheus_port", "alertmanager_port": "alertmanager_port",
-                "model_peer_port": "model_peer_address"}
+                "model_peer_port": "model_peer_address", "model_swarm_port": "model_peer_address"}
 
 
 def _overlap(a: str, b: str) -> bool:
@@ -127,7 +153,7 @@ def listener_problems(configs: dict[str, NodeConfig], hosts: dict[str, dict], ss
         # address a peer daemon defaults to: behind NAT, several machines share one)
         claimed = [("fabric_address", cfg.fabric_address)] + [
             (_ADDRESS_KEY[lst.key], lst.address) for lst in listeners
-            if not (lst.key == "model_peer_port" and cfg.model_peer_address is None)]
+            if not (lst.key in ("model_peer_port", "model_swarm_port") and cfg.model_peer_address is None)]
         for key, address in claimed:
             if (address and address not in HOST_OWN and not ipaddress.ip_address(address).is_unspecified
                     and (name, key) not in owners[address]):

@@ -4,11 +4,12 @@ deploys/schema/control_files.py once the keys parse."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
 from pydantic import model_validator
 
-from deploys.schema.base import HEX40, ComponentKeys, ControlDir, ControlSecret, HubVenv, OwnedDir, Url, _key
+from deploys.schema.base import HEX40, ComponentKeys, ControlDir, ControlSecret, HubVenv, IpAddress, OwnedDir, Url, _key
 from deploys.schema.base import KeyRuleError
 
 
@@ -39,10 +40,12 @@ class ModelKeys(ComponentKeys):
         description="trusted manifest: `files/manifests/<org>--<name>@<commit>.json` (committed after review) or an "
         "absolute control-node path; its repo/commit must be `model_repo`/`model_revision`",
     )
-    model_sync_mode: Literal["hub", "push", "present"] = _key(
+    model_sync_mode: Literal["hub", "push", "swarm", "present"] = _key(
         "push",
         description="`hub`: each node downloads with huggingface_hub; `push`: the control node downloads once, "
-        "verifies, rsyncs what each node lacks; `present`: only verify",
+        "verifies, rsyncs what each node lacks; `swarm`: the control node downloads once and the nodes share the "
+        "snapshot among themselves in a private BitTorrent swarm (many nodes: docs/model-snapshot.md); `present`: "
+        "only verify",
     )
     model_hub_venv: HubVenv = _key(
         "/opt/inference-nodes/hub-venv",
@@ -71,6 +74,40 @@ class ModelKeys(ComponentKeys):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]*$",
     )
     model_peer_port: int = _key(873, description="TCP port of that transient read-only rsync daemon", ge=1, le=65535)
+    model_swarm_seed: Literal["first", "control"] = _key(
+        "first",
+        description="`swarm` mode: who seeds. `first`: the control node pushes one copy to the group's first node, "
+        "which seeds the others (the control node's uplink carries one copy); `control`: the control node seeds "
+        "from its own copy (on `model_swarm_control_address`)",
+    )
+    model_swarm_control_address: IpAddress | None = _key(
+        None,
+        description="`swarm` mode with `model_swarm_seed: control`: the control node's address on the nodes' "
+        "network, the one the seed binds to and the nodes' firewall lets in",
+    )
+    model_swarm_super_seed: bool = _key(
+        False,
+        description="`swarm` mode: the seed offers each node only pieces no other node holds yet (BitTorrent's "
+        "initial seeding), so its uplink carries about one copy however many nodes join; slower to start, and "
+        "slow with a single node (BENCHMARKS.md, \"Fleet distribution\")",
+    )
+    model_swarm_port: int = _key(
+        6881, description="`swarm` mode: the TCP port every node's swarm listens on (its peer address only)",
+        ge=1024, le=65535,
+    )
+    model_swarm_piece_mib: Literal[1, 2, 4, 8, 16, 32, 64] = _key(
+        16, description="`swarm` mode: the torrent's piece size, MiB (the unit the engine checks and trades)"
+    )
+    model_swarm_stall_s: int = _key(
+        600,
+        description="`swarm` mode: a node whose swarm received nothing for this long (or stopped) is fed by the "
+        "control node instead", ge=30, le=86400,
+    )
+    model_swarm_keep_seeding_h: int = _key(
+        0,
+        description="`swarm` mode: hours each node's swarm keeps seeding after it started (0: it stops once every "
+        "node of the run verified its copy, and nothing listens afterwards)", ge=0, le=168,
+    )
     model_verify_full: bool = _key(
         False,
         description="re-hash every file in this converge even when the stamp matches (`--data model_verify_full=true`); "
@@ -114,4 +151,22 @@ class ModelKeys(ComponentKeys):
     def _revision_is_commit(self) -> ModelKeys:
         if not HEX40.fullmatch(self.model_revision):
             raise KeyRuleError("model_revision", self.model_revision, "a 40-hex commit id (lower case)")
+        return self
+
+    @model_validator(mode="after")
+    def _swarm_is_safe(self) -> ModelKeys:
+        if self.model_sync_mode != "swarm":
+            return self
+        if self.model_layout != "plain":
+            raise KeyRuleError("model_sync_mode", self.model_sync_mode, "`swarm` with `model_layout: plain` (the "
+                               "swarm writes the files themselves; the `hf_cache` layout's links into blobs are "
+                               "huggingface_hub's)")
+        address = self.model_swarm_control_address
+        if self.model_swarm_seed == "control" and address is None:
+            raise KeyRuleError("model_swarm_control_address", address, "the control node's IP address on the nodes' "
+                               "network (`model_swarm_seed: control` seeds from there)")
+        if address is not None and (ipaddress.ip_address(address).is_unspecified
+                                    or ipaddress.ip_address(address).is_multicast):
+            raise KeyRuleError("model_swarm_control_address", address, "one address of the control node (the "
+                               "seed listens there alone), not a wildcard or multicast")
         return self

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from deploys.model.fanout import SEED_DIR, SEED_UNIT
+from deploys.model.swarm import SWARM_STATE, SWARM_UNIT
 from deploys.model.integrity import UNIT, UNIT_DIR, render_service, render_timer
 from deploys.model.snapshot import max_age_s
 from deploys.model.snapshot import HUB_TOKEN, MANIFEST, RECORD, STAMP, VERIFIER
@@ -46,6 +47,18 @@ def test_no_push_seed_or_run_secret_left(node):
     """A push fan-out serves peers only while its run lasts: no daemon, no secret afterwards."""
     assert not node.host.service(SEED_UNIT).is_running
     assert not node.host.file(SEED_DIR).exists
+
+
+def test_no_model_swarm_left_unless_kept_seeding(node):
+    """The swarm runs while a run syncs (or as long as `model_swarm_keep_seeding_h` says): afterwards no unit, no
+    torrent or status, nothing listening on its port."""
+    if node.cfg.model_sync_mode == "swarm" and node.cfg.model_swarm_keep_seeding_h:
+        pytest.skip(f"the swarm may keep seeding {node.cfg.model_swarm_keep_seeding_h} h (model_swarm_keep_seeding_h)")
+    assert not node.host.service(SWARM_UNIT).is_running, f"{SWARM_UNIT} still runs"
+    assert not node.host.file(SWARM_STATE).exists, f"{SWARM_STATE} is left"
+    if node.cfg.model_sync_mode == "swarm":
+        listening = node.host.run("ss -Htln").stdout
+        assert f":{node.cfg.model_swarm_port} " not in listening, listening
 
 
 def test_hub_token_only_where_configured(node):

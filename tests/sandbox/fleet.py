@@ -306,6 +306,37 @@ def down(nodes_only: bool = False) -> None:
     log("fleet down")
 
 
+HUB_PORT = 8812  # the stand-in hub, in the control node's namespace
+REPO = "deepseek-ai/DeepSeek-V4-Flash-0731"
+COMMIT = "7872f01b1d1fe23eabc4c98b48bffcef5a386062"
+
+
+def hub_started(work: str, shards: int, shard_mb: float) -> tuple[subprocess.Popen, str, int]:
+    """The stand-in hub (tests/sandbox/standin_hub.py) in the control node's namespace, serving REPO at COMMIT;
+    its manifest (written under ``work``) and the snapshot's size."""
+    log = open(os.path.join(work, "hub.log"), "w")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    hub = subprocess.Popen(in_ns(CTL, sys.executable, "-m", "tests.sandbox.standin_hub", "--port", str(HUB_PORT),
+                                 "--shards", str(shards), "--shard-mb", str(shard_mb)),
+                           cwd=root, stdout=log, stderr=subprocess.STDOUT)
+    manifest = os.path.join(work, "manifest.json")
+    for _ in range(600):
+        proc = subprocess.run(in_ns(CTL, sys.executable, "-m", "deploys.model.manifest", REPO, COMMIT, "--endpoint",
+                                    f"http://127.0.0.1:{HUB_PORT}", "--out", manifest),
+                              capture_output=True, text=True, cwd=root)
+        if proc.returncode == 0:
+            break
+        if hub.poll() is not None:
+            break
+        time.sleep(0.5)
+    if proc.returncode != 0:
+        hub.terminate()
+        raise RuntimeError(f"the manifest from the stand-in hub: {(proc.stdout + proc.stderr)[-2000:]}")
+    with open(manifest) as f:
+        size = sum(e["size"] for e in json.load(f)["files"])
+    return hub, manifest, size
+
+
 def write_inventory(path: str, count: int, data: dict) -> None:
     """A pyinfra inventory of nodes fleet-00.. (a cluster of one each; what the schema needs of a GPU node is
     filled in, never used by the model step), `push` mode into /srv/model (plain layout), ``data`` on top."""

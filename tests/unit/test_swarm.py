@@ -71,10 +71,30 @@ def swarm(*args: str, **kw) -> subprocess.CompletedProcess:
 def test_make_refuses_a_folder_that_is_not_the_manifests_snapshot(engine, tmp_path):
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps(manifest_of(FILES)))
-    seed = snapshot(tmp_path / "seed" / "snap", {**FILES, "stray.bin": b"x"})
+    short = {**FILES, "config.json": b"{}"}
+    del short["original/params.json"]
+    seed = snapshot(tmp_path / "seed" / "snap", short)
     made = swarm("make", seed, str(manifest), str(tmp_path / "t.torrent"))
-    assert made.returncode == 1 and "stray.bin: not in the manifest" in made.stderr, made.stderr
+    assert made.returncode == 1 and "config.json, original/params.json missing or of another size" in made.stderr, \
+        made.stderr
     assert not os.path.exists(tmp_path / "t.torrent")
+
+
+def test_the_same_commit_gives_the_same_torrent_from_any_copy(engine, tmp_path):
+    """The manifest's files under one folder `snapshot`: a stray file, the directory's name and its links into a
+    cache's blobs change nothing (the control node's copy is a hub cache snapshot, a node's a plain directory)."""
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(manifest_of(FILES)))
+    plain = snapshot(tmp_path / "plain" / "model", {**FILES, "stray.bin": b"x"})
+    blobs = snapshot(tmp_path / "cache" / "blobs", {f"b{i}": d for i, d in enumerate(FILES.values())})
+    linked = tmp_path / "cache" / "snapshots" / "7872f01b"
+    for i, rel in enumerate(FILES):
+        (linked / rel).parent.mkdir(parents=True, exist_ok=True)
+        (linked / rel).symlink_to(os.path.join(blobs, f"b{i}"))
+    made = [swarm("make", d, str(manifest), str(tmp_path / f"{n}.torrent"), "--piece-mib", "1")
+            for n, d in (("a", plain), ("b", str(linked)))]
+    assert all(m.returncode == 0 for m in made), [m.stderr for m in made]
+    assert (tmp_path / "a.torrent").read_bytes() == (tmp_path / "b.torrent").read_bytes()
 
 
 def test_a_seed_and_two_peers_on_loopback_end_with_the_verified_snapshot_and_listen_where_told(engine, tmp_path):
@@ -85,8 +105,9 @@ def test_a_seed_and_two_peers_on_loopback_end_with_the_verified_snapshot_and_lis
     made = swarm("make", seed, str(manifest), torrent, "--piece-mib", "1")
     assert made.returncode == 0, made.stderr
     port = 20000 + os.getpid() % 20000
-    nodes = {"seed": ("127.0.0.61", seed), "b": ("127.0.0.62", str(tmp_path / "b" / "snap")),
-             "c": ("127.0.0.63", str(tmp_path / "c" / "snap"))}
+    # the peers keep the files in directories of other names (a live one, a staged release's tree)
+    nodes = {"seed": ("127.0.0.61", seed), "b": ("127.0.0.62", str(tmp_path / "b" / "model")),
+             "c": ("127.0.0.63", str(tmp_path / "c" / ".inference-nodes-releases" / "7872f01b"))}
     procs = {}
     try:
         for name, (address, directory) in nodes.items():
@@ -133,3 +154,28 @@ def test_serve_refuses_a_torrent_of_other_files_before_writing_anything(engine, 
     refused = swarm("serve", torrent, str(tmp_path / "b" / "snap"), str(manifest), "--listen", "127.0.0.64:20999")
     assert refused.returncode == 1 and "config.json: 10 bytes, the manifest says 9" in refused.stderr, refused.stderr
     assert not os.path.exists(tmp_path / "b")
+
+
+def test_serve_refuses_a_taken_port_instead_of_taking_another(engine, tmp_path):
+    """libtorrent moves to the next ports, then to any, when the one asked for is taken; the peers and the firewall
+    know only the one asked for."""
+    import socket
+
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(manifest_of(FILES)))
+    seed = snapshot(tmp_path / "seed" / "snap", FILES)
+    torrent = str(tmp_path / "snap.torrent")
+    assert swarm("make", seed, str(manifest), torrent, "--piece-mib", "1").returncode == 0
+    taken = socket.socket()
+    taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    taken.bind(("127.0.0.65", 0))
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        refused = swarm("serve", torrent, seed, str(manifest), "--listen", f"127.0.0.65:{port}", "--seed",
+                        "--status", str(tmp_path / "status.json"))
+    finally:
+        taken.close()
+    assert refused.returncode == 1 and f"cannot listen on 127.0.0.65:{port}: the port is taken" in refused.stderr, \
+        refused.stderr
+    assert not os.path.exists(tmp_path / "status.json")
