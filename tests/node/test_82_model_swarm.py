@@ -8,9 +8,12 @@ listens afterwards, the control node's uplink carried about one copy (not three)
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -149,3 +152,40 @@ def test_a_seed_that_cannot_listen_leaves_its_nodes_to_the_control_node(light_cl
     assert after[fleet.CTL]["rx"] - before[fleet.CTL]["rx"] > len(names) * size  # a copy each, from the control node
     left = fleet.ssh(seed, f"systemctl is-active {SWARM_UNIT}; test -e {SWARM_STATE} && echo state-left")
     assert left.stdout.split()[0] in ("inactive", "failed", "unknown") and "state-left" not in left.stdout, left.stdout
+
+
+def test_a_run_killed_mid_swarm_is_finished_by_the_next(light_cluster):
+    """The run is SIGKILLed (pyinfra and its children) while two nodes fetch from the seed (its uplink slowed to make
+    the window): the swarms it started run on, bounded; the next run finishes the sync, every node verified, and
+    stops every swarm: nothing is left."""
+    inventory, size = light_cluster
+    names = [fleet.node_name(i) for i in range(1, NODES)]
+    seed = fleet.node_name(0)
+    for name in names:
+        assert fleet.ssh(name, "rm -rf /srv/model/*").returncode == 0
+    fleet.cap(seed, "eth0", "8mbit")
+    try:
+        run = subprocess.Popen(fleet.in_ns(fleet.CTL, sys.executable, "-m", "pyinfra", "-y", inventory, MODEL_STEP),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and run.poll() is None:
+            status = fleet.ssh(names[0], f"cat {SWARM_STATE}/status.json 2>/dev/null", timeout=10).stdout
+            if status and 0 < json.loads(status)["done"] < size:
+                break
+            time.sleep(0.5)
+        assert run.poll() is None, "the run ended before the swarm was under way"
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    finally:
+        fleet.cap(seed, "eth0", RATE)
+    running = [n for n in [seed, *names]
+               if fleet.ssh(n, f"systemctl is-active {SWARM_UNIT}").stdout.strip() == "active"]
+    assert seed in running, running  # the killed run's swarms go on (RuntimeMaxSec bounds them)
+    log = converge(inventory).stderr
+    for name in [seed, *names]:
+        left = fleet.ssh(name, f"systemctl is-active {SWARM_UNIT}; test -e {SWARM_STATE} && echo state-left; "
+                               "ss -Htln")
+        assert left.stdout.split()[0] in ("inactive", "unknown"), (name, left.stdout)
+        assert "state-left" not in left.stdout and ":6881" not in left.stdout, (name, left.stdout)
+    again = converge(inventory)
+    assert changed_operations(again) == [], (changed_operations(again), log[-2000:])
