@@ -164,6 +164,7 @@ def test_a_run_killed_mid_swarm_is_finished_by_the_next(light_cluster):
     for name in names:
         assert fleet.ssh(name, "rm -rf /srv/model/*").returncode == 0
     fleet.cap(seed, "eth0", "8mbit")
+    t0 = time.monotonic()
     try:
         run = subprocess.Popen(fleet.in_ns(fleet.CTL, sys.executable, "-m", "pyinfra", "-y", inventory, MODEL_STEP),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -176,16 +177,21 @@ def test_a_run_killed_mid_swarm_is_finished_by_the_next(light_cluster):
         assert run.poll() is None, "the run ended before the swarm was under way"
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
+        print(f"killed {time.monotonic() - t0:.1f} s into the run")
     finally:
         fleet.cap(seed, "eth0", RATE)
     running = [n for n in [seed, *names]
                if fleet.ssh(n, f"systemctl is-active {SWARM_UNIT}").stdout.strip() == "active"]
     assert seed in running, running  # the killed run's swarms go on (RuntimeMaxSec bounds them)
+    t1 = time.monotonic()
     log = converge(inventory).stderr
+    print(f"the next run took {time.monotonic() - t1:.1f} s")
     for name in [seed, *names]:
         left = fleet.ssh(name, f"systemctl is-active {SWARM_UNIT}; test -e {SWARM_STATE} && echo state-left; "
                                "ss -Htln")
         assert left.stdout.split()[0] in ("inactive", "unknown"), (name, left.stdout)
         assert "state-left" not in left.stdout and ":6881" not in left.stdout, (name, left.stdout)
+    t2 = time.monotonic()
     again = converge(inventory)
+    print(f"a third run: {time.monotonic() - t2:.1f} s")
     assert changed_operations(again) == [], (changed_operations(again), log[-2000:])
