@@ -40,6 +40,7 @@ from deploys.model.push import push_from_control
 from deploys.ops import fail_host, upload_private, sudo_args
 from deploys.run.state import kept, this_run
 from deploys.schema import NodeConfig
+from deploys.schema.listeners import peer_address
 from facts.model import SeedDaemon
 from files import helper_text
 
@@ -171,9 +172,8 @@ def run_host(name: str):
 
 def peer_endpoint(peer) -> tuple[str, int]:
     cfg = node_config(peer)
-    # the SSH host by default: the network the control node reaches every node on (a GB10 pair's fabric is often
-    # a direct cable that no other node can reach)
-    address = cfg.model_peer_address or peer.data.get("ssh_hostname") or peer.name
+    # the SSH host by default (a GB10 pair's fabric is often a direct cable that no other node can reach)
+    address = peer_address(peer.name, cfg, peer.data)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.:-]*", address):
         raise ValueError(f"host {peer.name}: peer address {address!r} (from ssh_hostname or the host name) is not an "
                          "address or host name: set model_peer_address")
@@ -277,13 +277,19 @@ def _mark_serving(state, host, message: str) -> bool:
 @operation()
 def peers_stopped():
     """No seed daemon and no run secret left on the node once the run's waves are done."""
-    seed = read(host, SeedDaemon, unit=SEED_UNIT, secret_dir=SEED_DIR)
-    if seed["running"]:
-        yield StringCommand("systemctl", "stop", SEED_UNIT)
-    if seed["secret_dir"]:
-        yield StringCommand("rm", "-rf", SEED_DIR)
-    if not (seed["running"] or seed["secret_dir"]):
-        host.noop("no seed daemon, no run secret")
+    yield from left_stopped(read(host, SeedDaemon, unit=SEED_UNIT, secret_dir=SEED_DIR), SEED_UNIT, SEED_DIR,
+                            "no seed daemon, no run secret")
+
+
+def left_stopped(left: dict, unit: str, directory: str, nothing: str):
+    """The commands that stop a transient unit of the run and remove its directory, as SeedDaemon found them (``left``;
+    ``nothing``: the note when neither is there)."""
+    if left["running"]:
+        yield StringCommand("systemctl", "stop", unit)
+    if left["secret_dir"]:
+        yield StringCommand("rm", "-rf", directory)
+    if not (left["running"] or left["secret_dir"]):
+        host.noop(nothing)
 
 
 def pull_from_peer(state, host, source: str, refetch: list[str], manifest: str) -> bool:

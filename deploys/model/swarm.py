@@ -76,32 +76,39 @@ def endpoint(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
-def peer_list(state, name: str) -> list[str]:
-    """The swarm addresses of ``name``'s group, the control node's seed first where it seeds (``name``'s own left
-    out)."""
+def member_addresses(state, name: str) -> dict[str, str]:
+    """Each member of ``name``'s group and the address its swarm binds to, in inventory order."""
+    return {m: listen_address(state.inventory.get_host(m)) for m in model_fanout.group_of(name, state)}
+
+
+def peer_addresses(state, name: str) -> list[str]:
+    """The addresses ``name``'s swarm dials: the control node's seed first where it seeds, then the group's other
+    members."""
     cfg = node_config(state.inventory.get_host(name))
-    out = [endpoint(cfg.model_swarm_control_address, cfg.model_swarm_port)] if cfg.model_swarm_seed == "control" \
-        else []
-    return out + [endpoint(listen_address(state.inventory.get_host(m)), cfg.model_swarm_port)
-                  for m in model_fanout.group_of(name, state) if m != name]
+    seed = [cfg.model_swarm_control_address] if cfg.model_swarm_seed == "control" else []
+    return seed + [a for m, a in member_addresses(state, name).items() if m != name]
 
 
 def unit_command(state, name: str, directory: str, manifest: str, seed: bool) -> StringCommand:
     """The node's swarm as a transient unit: writes only ``directory`` and its own state, talks only to its group."""
     cfg = node_config(state.inventory.get_host(name))
     own = listen_address(state.inventory.get_host(name))
-    peers = peer_list(state, name)
-    allowed = sorted({own, *(p.rsplit(":", 1)[0].strip("[]") for p in peers)})
+    peers = peer_addresses(state, name)
     lifetime = cfg.model_swarm_keep_seeding_h * 3600 or SWARM_MAX_SECONDS
     return StringCommand(
         "systemd-run", "--quiet", f"--unit={SWARM_UNIT}", "--collect", f"--property=RuntimeMaxSec={lifetime}",
         "--property=ProtectSystem=strict", QuoteString(f"--property=ReadWritePaths={directory} {SWARM_STATE}"),
         "--property=ProtectHome=read-only", "--property=PrivateTmp=yes", "--property=NoNewPrivileges=yes",
-        *model_fanout.seed_firewall_properties(allowed),
+        *model_fanout.seed_firewall_properties(sorted({own, *peers})),
         SYSTEM_PYTHON, SWARM, "serve", TORRENT, QuoteString(directory), QuoteString(manifest),
         "--listen", QuoteString(endpoint(own, cfg.model_swarm_port)),
-        *(x for p in peers for x in ("--peer", QuoteString(p))), "--status", STATUS, *(["--seed"] if seed else []),
-        *(["--super-seed"] if seed and cfg.model_swarm_super_seed else []))
+        *(x for p in peers for x in ("--peer", QuoteString(endpoint(p, cfg.model_swarm_port)))), "--status", STATUS,
+        *(["--seed"] if seed else []), *(["--super-seed"] if seed and cfg.model_swarm_super_seed else []))
+
+
+def listening_command() -> StringCommand:
+    """Returns once the node's swarm listens where told; fails as soon as its unit stops (``swarm.py up``)."""
+    return StringCommand("python3", SWARM, "up", STATUS, SWARM_UNIT)
 
 
 def stale_swarm_stopped() -> StringCommand:
@@ -134,7 +141,7 @@ def swarm_seeded(wave: int, directory: str, manifest: str):
     yield FunctionCommand(_unit_started, (directory, manifest, True), {})
     # a seed that cannot listen (its port taken, say) fails here, before any node waits on it: they are fed by the
     # control node at once
-    yield StringCommand("python3", SWARM, "up", STATUS, SWARM_UNIT)
+    yield listening_command()
     yield FunctionCommand(_mark_seeding, (needy,), {})
 
 
@@ -159,7 +166,7 @@ def unit_start_refused(state, host, directory: str, manifest: str, seed: bool) -
 
 def _listening(host) -> tuple[bool, str]:
     """Whether the node's swarm listens (``swarm.py up``), and why not."""
-    ok, out = run_on(host, StringCommand("python3", SWARM, "up", STATUS, SWARM_UNIT), **sudo_args(host))
+    ok, out = run_on(host, listening_command(), **sudo_args(host))
     return ok, (out.stderr.strip().splitlines() or ["its swarm does not listen"])[-1]
 
 
@@ -197,8 +204,7 @@ def control_seeding(state, cfg: NodeConfig, name: str) -> str | None:
             return f"the control node could not make the torrent: {why}"
         with open(torrent, "rb") as f:
             swarms.torrents[key] = f.read()
-        peers = [endpoint(listen_address(state.inventory.get_host(m)), cfg.model_swarm_port)
-                 for m in model_fanout.group_of(name, state)]
+        peers = [endpoint(a, cfg.model_swarm_port) for a in member_addresses(state, name).values()]
         log = open(os.path.join(work, "seed.log"), "w")
         seed = subprocess.Popen(
             [SYSTEM_PYTHON, helper_path("model_snapshot/swarm.py"), "serve", torrent, copy, cfg.model_manifest,
@@ -280,12 +286,7 @@ def swarm_stopped():
     if cfg.model_swarm_keep_seeding_h and left["running"]:
         host.noop(f"the model swarm keeps seeding (at most {cfg.model_swarm_keep_seeding_h} h from its start)")
     else:
-        if left["running"]:
-            yield StringCommand("systemctl", "stop", SWARM_UNIT)
-        if left["secret_dir"]:
-            yield StringCommand("rm", "-rf", SWARM_STATE)
-        if not (left["running"] or left["secret_dir"]):
-            host.noop("no model swarm")
+        yield from model_fanout.left_stopped(left, SWARM_UNIT, SWARM_STATE, "no model swarm")
     if model_fanout.group_key(cfg) in _swarms(host.state).control_seeds:
         yield FunctionCommand(_control_seed_stopped, (), {})
 

@@ -80,19 +80,24 @@ def host_listeners(name: str, cfg: NodeConfig, data: dict, cluster_size: int, ss
         out.append(listener("prometheus_port", LOOPBACK, cfg.prometheus_port, "Prometheus"))
         out.append(listener("alertmanager_port", LOOPBACK, cfg.alertmanager_port, "Alertmanager"))
     if cfg.model_sync_mode == "push":
-        peer = cfg.model_peer_address or data.get("ssh_hostname") or name
+        peer = peer_address(name, cfg, data)
         out.append(listener("model_peer_port", peer if _is_ip(str(peer)) else EVERY_ADDRESS, cfg.model_peer_port,
                             "the fan-out's rsync daemon"))
-    if cfg.model_sync_mode == "swarm" and swarm_address(name, cfg, data)[1] is None:
-        out.append(listener("model_swarm_port", swarm_address(name, cfg, data)[0], cfg.model_swarm_port,
-                            "the model swarm"))
+    if cfg.model_sync_mode == "swarm" and (swarm := swarm_address(name, cfg, data))[1] is None:
+        out.append(listener("model_swarm_port", swarm[0], cfg.model_swarm_port, "the model swarm"))
     return out
+
+
+def peer_address(name: str, cfg: NodeConfig, data) -> str:
+    """Where a node serves its model copy to its peers (the push fan-out's daemon, the swarm): ``model_peer_address``,
+    else the SSH host, the network the control node reaches every node on (``data``: the host's inventory data)."""
+    return str(cfg.model_peer_address or data.get("ssh_hostname") or name)
 
 
 def swarm_address(name: str, cfg: NodeConfig, data: dict) -> tuple[str, str | None]:
     """The address a node's model swarm binds to (its peer address: ``model_peer_address``, else the SSH host), and
     why it cannot (None: it can). The swarm listens on one address, so it must be an IP address of the node."""
-    peer = str(cfg.model_peer_address or data.get("ssh_hostname") or name)
+    peer = peer_address(name, cfg, data)
     if not _is_ip(peer):
         return peer, ("an IP address of this node for the model swarm to bind to (the SSH host is a name: set "
                       "model_peer_address)")

@@ -24,14 +24,20 @@ def test_addresses_are_distinct_inside_the_switch_and_apart_from_the_control_nod
         ["10.44.1.1", "10.44.1.2", "10.44.1.250", "10.44.2.1"]
 
 
-def test_the_inventory_validates_and_its_push_group_fans_out_in_doubling_waves(tmp_path):
+def fleet_configs(tmp_path, count: int, data: dict) -> dict:
+    """The validated configs of the inventory ``fleet.write_inventory`` writes for ``count`` nodes (a one-file
+    manifest of REPO at COMMIT; ``data`` on top)."""
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({"repo": REPO, "commit": COMMIT, "files": [
         {"path": "model-00001-of-00001.safetensors", "size": 5, "sha256": "a" * 64}]}))
     inventory = tmp_path / "fleet.py"
-    fleet.write_inventory(str(inventory), 32, {"model_repo": REPO, "model_revision": COMMIT,
-                                               "model_manifest": str(manifest), "model_push_fanout": 1})
-    configs = validate_inventory(load_inventory(str(inventory)))
+    fleet.write_inventory(str(inventory), count, {"model_repo": REPO, "model_revision": COMMIT,
+                                                  "model_manifest": str(manifest), **data})
+    return validate_inventory(load_inventory(str(inventory)))
+
+
+def test_the_inventory_validates_and_its_push_group_fans_out_in_doubling_waves(tmp_path):
+    configs = fleet_configs(tmp_path, 32, {"model_push_fanout": 1})
     assert sorted(configs) == [fleet.node_name(i) for i in range(32)]
     assert {c.model_peer_address for c in configs.values()} == {fleet.node_address(i) for i in range(32)}
     plan = fanout_plan(sorted(configs.items()))

@@ -14,13 +14,11 @@ import pytest
 
 from deploys.model import fanout as model_fanout
 from deploys.model.fanout import Assignment, fanout_plan, swarm_waves
-from deploys.inventory import load_inventory
-from deploys.schema import validate_hosts, validate_inventory
-from tests.sandbox import fleet
+from deploys.schema import validate_hosts
+from tests.unit.test_fleet_harness import fleet_configs
 from tests.unit.test_hostile_input import node_a, pair_b
 from tests.unit.test_values_as_consumers_read_them import _refused
 
-REPO, COMMIT = "deepseek-ai/DeepSeek-V4-Flash-0731", "7872f01b1d1fe23eabc4c98b48bffcef5a386062"
 SWARM = dict(model_sync_mode="swarm", model_layout="plain", model_root="/srv/model")
 
 
@@ -69,13 +67,7 @@ def test_the_first_node_seeds_its_group_or_the_control_node_seeds_every_node():
 
 
 def test_swarm_and_push_hosts_of_one_commit_are_separate_groups(tmp_path):
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text(json.dumps({"repo": REPO, "commit": COMMIT, "files": [
-        {"path": "model-00001-of-00001.safetensors", "size": 5, "sha256": "a" * 64}]}))
-    inventory = tmp_path / "fleet.py"
-    fleet.write_inventory(str(inventory), 3, {"model_repo": REPO, "model_revision": COMMIT,
-                                              "model_manifest": str(manifest), "model_sync_mode": "swarm"})
-    configs = sorted(validate_inventory(load_inventory(str(inventory))).items())
+    configs = sorted(fleet_configs(tmp_path, 3, {"model_sync_mode": "swarm"}).items())
     mixed = configs[:2] + [(configs[2][0], configs[2][1].model_copy(update={"model_sync_mode": "push"}))]
     assert fanout_plan(mixed) == {"fleet-00": Assignment(0, None), "fleet-01": Assignment(1, "fleet-00"),
                                   "fleet-02": Assignment(0, None)}
